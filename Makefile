@@ -1,0 +1,43 @@
+# hir: `make demo` and `make test` are the only commands a new user types; each sets up .venv first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+export DAGSTER_HOME ?= $(CURDIR)/.hir/dagster_home
+export HIR_DATA_DIR ?= $(CURDIR)/data
+export GX_ANALYTICS_ENABLED := false
+export DAGSTER_DISABLE_TELEMETRY := 1
+
+.PHONY: demo test test-fast ui data bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+$(DAGSTER_HOME)/dagster.yaml:
+	@mkdir -p $(DAGSTER_HOME)
+	@printf 'telemetry:\n  enabled: false\n' > $@
+
+data: $(VENV)/.installed  ## fetch (MovieLens) or generate (synthetic) the configured source's data
+	$(VENV)/bin/hir prepare
+
+demo: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml data  ## materialise every window end to end, print a summary
+	$(PY) -m dagster_project.demo
+
+test: $(VENV)/.installed  ## the whole suite (CI runs this)
+	HIR_SOURCE=movielens $(VENV)/bin/hir prepare
+	$(PY) -m pytest -q -ra
+
+test-fast: $(VENV)/.installed  ## everything but the slow end-to-end tests
+	$(PY) -m pytest -q -m "not slow"
+
+ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml  ## the Dagster UI on the demo's instance, on 127.0.0.1 only
+	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/ingest.py
+
+clean:
+	rm -rf .hir

@@ -1,0 +1,103 @@
+"""Row rules, declared once and evaluated two ways.
+
+A `Rule` is a declarative statement about a table's rows ("entity_id is never null", "ts lies in the
+window"). From that one declaration we derive:
+
+* `violations(table, params)`: a pyarrow boolean mask of the rows that break it, used by ingestion to
+  route bad rows to the rejected table one by one (fast, streaming, no pandas);
+* `expectations(params)`: great-expectations 1.x expectations, used by the asset checks to validate the
+  published table (and tested to agree with the masks on every bad-input case).
+
+Rules judge non-null values only, except `not_null`, exactly as great-expectations' column-map
+expectations do, so a null key counts once, under `not_null`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+KINDS = ("not_null", "in_set", "between", "unique", "in_reference")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # stable id used in rejected rows, check metadata and error messages
+    kind: str  # one of KINDS
+    columns: tuple[str, ...]
+    description: str
+    values: tuple[str, ...] = ()  # in_set: the allowed values
+    param: str = ""  # between: a (min, max_exclusive) pair; in_reference: a value set; given at run time
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"rule {self.name!r}: unknown kind {self.kind!r}; expected one of {KINDS}")
+        if self.kind in ("between", "in_reference") and not self.param:
+            raise ValueError(f"rule {self.name!r}: kind {self.kind!r} needs a run-time `param`")
+
+    def violations(self, table: pa.Table, params: dict[str, Any]) -> np.ndarray:
+        """Boolean mask (len = rows) of the rows that break this rule."""
+        bad = np.zeros(table.num_rows, dtype=bool)
+        for col in self.columns:
+            values = table.column(col)
+            if self.kind == "not_null":
+                mask = pc.is_null(values)
+            elif self.kind == "in_set":
+                mask = pc.invert(pc.is_in(values, value_set=pa.array(self.values, type=values.type)))
+            elif self.kind == "in_reference":
+                mask = pc.invert(pc.is_in(values, value_set=_value_set(params[self.param], values.type)))
+            elif self.kind == "between":
+                lo, hi = params[self.param]
+                mask = pc.or_(pc.less(values, pa.scalar(lo, values.type)), pc.greater_equal(values, pa.scalar(hi, values.type)))
+            else:  # unique: every repeat after the first occurrence is a violation
+                mask = _repeats(values)
+            if self.kind != "not_null":
+                mask = pc.and_(mask, pc.is_valid(values))  # nulls are judged by not_null alone
+            bad |= np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
+        return bad
+
+    def expectations(self, params: dict[str, Any]) -> list:
+        """The great-expectations 1.x expectations that state this rule (one per column)."""
+        import great_expectations.expectations as gxe  # heavy import, only where checks run
+
+        out = []
+        for col in self.columns:
+            meta = {"rule": self.name}
+            if self.kind == "not_null":
+                out.append(gxe.ExpectColumnValuesToNotBeNull(column=col, meta=meta))
+            elif self.kind == "in_set":
+                out.append(gxe.ExpectColumnValuesToBeInSet(column=col, value_set=list(self.values), meta=meta))
+            elif self.kind == "in_reference":
+                ref = _value_set(params[self.param], pa.string()).to_pylist()
+                out.append(gxe.ExpectColumnValuesToBeInSet(column=col, value_set=ref, meta=meta))
+            elif self.kind == "between":
+                lo, hi = params[self.param]
+                out.append(gxe.ExpectColumnValuesToBeBetween(column=col, min_value=lo, max_value=hi, strict_max=True, meta=meta))
+            else:
+                out.append(gxe.ExpectColumnValuesToBeUnique(column=col, meta=meta))
+        return out
+
+
+def _value_set(ref, type_: pa.DataType) -> pa.Array:
+    if isinstance(ref, pa.ChunkedArray):
+        ref = ref.combine_chunks()
+    return ref.cast(type_) if isinstance(ref, pa.Array) else pa.array(list(ref), type=type_)
+
+
+def _repeats(values: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """True at every occurrence of a value after its first (nulls are never repeats)."""
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    encoded = pc.dictionary_encode(arr)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    valid = ~np.asarray(pc.is_null(arr).to_numpy(zero_copy_only=False), dtype=bool)
+    seen = np.zeros(len(codes), dtype=bool)
+    if valid.any():
+        idx = np.flatnonzero(valid)
+        _, first = np.unique(codes[idx], return_index=True)
+        seen[idx] = True
+        seen[idx[first]] = False
+    return pa.array(seen)

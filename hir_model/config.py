@@ -1,0 +1,107 @@
+"""Project configuration: one TOML file plus environment overrides.
+
+`load_config()` reads `hir.toml` (or the file named by HIR_CONFIG) and applies HIR_SOURCE, HIR_WINDOW,
+HIR_STORAGE_URI and HIR_DATA_DIR. Everything downstream (partitions, storage, sources) derives from the
+returned `HIRConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hir_model.data.source import Source
+from hir_model.data.windows import WINDOW_LENGTHS, WindowSpec
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("movielens", "synthetic", "parquet")
+
+
+class ConfigError(ValueError):
+    """The configuration names something that does not exist or cannot work."""
+
+
+@dataclass(frozen=True)
+class HIRConfig:
+    source: str = "movielens"  # movielens | synthetic | parquet
+    window: str = "weekly"  # daily | weekly
+    storage_uri: str = str(PROJECT_ROOT / ".hir" / "storage")  # local folder or s3://bucket/prefix
+    data_dir: Path = PROJECT_ROOT / "data"  # fetched / generated source data
+    synthetic: Mapping[str, Any] = field(default_factory=dict)  # overrides of SyntheticConfig fields
+    parquet_path: str = ""  # the bring-your-own folder
+    config_file: Path | None = None  # where this came from, for messages
+
+    def __post_init__(self) -> None:
+        where = f" (from {self.config_file} and the environment)" if self.config_file else ""
+        if self.source not in SOURCES:
+            raise ConfigError(f"source {self.source!r}{where} is not one of {SOURCES}")
+        if self.window not in WINDOW_LENGTHS:
+            raise ConfigError(f"window {self.window!r}{where} is not one of {tuple(WINDOW_LENGTHS)}")
+        if self.source == "parquet" and not self.parquet_path:
+            raise ConfigError(f"source 'parquet'{where} needs [parquet] path = <folder> (or HIR_PARQUET_PATH)")
+
+    def make_source(self) -> Source:
+        """The configured data source (nothing is read yet)."""
+        if self.source == "movielens":
+            from hir_model.data.movielens import MovieLensSource
+
+            return MovieLensSource(self.data_dir)
+        if self.source == "synthetic":
+            from hir_model.data.synthetic import SyntheticConfig, SyntheticSource
+
+            cfg = _synthetic_config(SyntheticConfig, self.synthetic)
+            return SyntheticSource(cfg, self.data_dir / f"synthetic-seed{cfg.seed}")
+        from hir_model.data.parquet_source import ParquetSource
+
+        return ParquetSource(self.parquet_path, self.window)
+
+    def window_spec(self, source: Source | None = None) -> WindowSpec:
+        """Aligned windows from the source's first event to its last."""
+        first, last = (source or self.make_source()).span()
+        return WindowSpec.covering(self.window, first, last)
+
+
+def _synthetic_config(cls, overrides: Mapping[str, Any]):
+    names = set(cls.__dataclass_fields__)
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ConfigError(f"[synthetic] has unknown keys {unknown}; known: {sorted(names)}")
+    values = dict(overrides)
+    if isinstance(values.get("start"), str):
+        values["start"] = datetime.fromisoformat(values["start"]).replace(tzinfo=timezone.utc)
+    return replace(cls(), **values)
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> HIRConfig:
+    """Read the config file and apply environment overrides."""
+    env = os.environ if env is None else env
+    path = Path(path or env.get("HIR_CONFIG") or PROJECT_ROOT / "hir.toml")
+    raw: dict[str, Any] = {}
+    if path.exists():
+        with path.open("rb") as fh:
+            try:
+                raw = tomllib.load(fh)
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    elif "HIR_CONFIG" in env:
+        raise ConfigError(f"HIR_CONFIG={env['HIR_CONFIG']} does not exist")
+    base = path.resolve().parent
+
+    def local(value: str) -> str:
+        return value if "://" in value else str((base / value).resolve())
+
+    storage = env.get("HIR_STORAGE_URI") or raw.get("storage_uri", ".hir/storage")
+    return HIRConfig(
+        source=env.get("HIR_SOURCE") or raw.get("source", "movielens"),
+        window=env.get("HIR_WINDOW") or raw.get("window", "weekly"),
+        storage_uri=local(storage),
+        data_dir=Path(local(env.get("HIR_DATA_DIR") or raw.get("data_dir", "data"))),
+        synthetic=dict(raw.get("synthetic", {})),
+        parquet_path=local(p) if (p := env.get("HIR_PARQUET_PATH") or raw.get("parquet", {}).get("path", "")) else "",
+        config_file=path if path.exists() else None,
+    )

@@ -1,0 +1,78 @@
+"""Build a window's published input tables (catalog, relations, events) from a source into staging.
+
+These functions hold everything the `entity_catalog` and `raw_events` assets compute; the assets only
+wire them to Dagster. Files are written into a `Staging` (see hir_model.storage), so the caller commits
+all of them or none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_contracts import CATALOG, EVENTS, RELATIONS
+from hir_model.data.ingest import IngestReport, ingest, rejected_schema
+from hir_model.data.source import Batch, Source
+from hir_model.data.windows import Window
+from hir_model.storage import Staging
+
+log = logging.getLogger("hir")
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+CATALOG_ASSET, EVENTS_ASSET, REJECTED_ASSET = "entity_catalog", "raw_events", "rejected_events"
+ENTITIES_FILE, RELATIONS_FILE, REJECTED_FILE, EVENTS_FILE = "entities", "relations", "rejected", "events"
+
+
+@dataclass(frozen=True)
+class CatalogBuild:
+    entities: IngestReport
+    relations: IngestReport
+    by_type: dict[str, int]  # entities known by the window end, per type
+    new_by_type: dict[str, int]  # first seen inside the window, per type
+    relations_by_type: dict[str, int]
+
+
+def catalog_params(window: Window, known: pa.Array) -> dict:
+    return {"window": (EPOCH, window.end), "known_entities": known}
+
+
+def events_params(window: Window, known: pa.Array) -> dict:
+    return {"window": (window.start, window.end), "known_entities": known}
+
+
+def build_catalog(source: Source, window: Window, staging: Staging) -> CatalogBuild:
+    """Entities and relations known by `window.end`, validated; rejects of both go to `rejected`."""
+    batches = list(source.catalog(window.end))  # a catalog snapshot fits in memory (events stream)
+    conformed = [Batch(b.origin, CATALOG.conform(b.table, b.origin)) for b in batches]
+    # parent_id must name an entity of this snapshot: the candidate ids are every row's non-null id
+    ids = pc.unique(pc.drop_null(pa.chunked_array([b.table.column("entity_id") for b in conformed], pa.string())))
+    part = window.key
+    with staging.writer(CATALOG_ASSET, part, ENTITIES_FILE, CATALOG.schema) as ent_out, \
+            staging.writer(CATALOG_ASSET, part, REJECTED_FILE, rejected_schema(CATALOG)) as rej_out:
+        entities = ingest(CATALOG, conformed, catalog_params(window, ids), ent_out, rej_out)
+    table = staging.read(CATALOG_ASSET, part, ENTITIES_FILE, columns=["entity_id", "entity_type", "first_seen_ts"])
+    known = table.column("entity_id").combine_chunks()
+    with staging.writer(CATALOG_ASSET, part, RELATIONS_FILE, RELATIONS.schema) as rel_out, \
+            staging.writer(CATALOG_ASSET, part, "rejected_relations", rejected_schema(RELATIONS)) as rej_out:
+        relations = ingest(RELATIONS, source.relations(window.end), catalog_params(window, known), rel_out, rej_out)
+    rel_types = staging.read(CATALOG_ASSET, part, RELATIONS_FILE, columns=["relation"]).column("relation")
+    new = table.filter(pc.greater_equal(table.column("first_seen_ts"), pa.scalar(window.start, table.schema.field("first_seen_ts").type)))
+    return CatalogBuild(entities, relations, _counts(table.column("entity_type")), _counts(new.column("entity_type")), _counts(rel_types))
+
+
+def build_events(source: Source, window: Window, known: pa.Array, staging: Staging,
+                 on_progress: Callable[[IngestReport], None] | None = None) -> IngestReport:
+    """The window's events, validated against the contract and the catalog as of the window end."""
+    with staging.writer(EVENTS_ASSET, window.key, EVENTS_FILE, EVENTS.schema) as out, \
+            staging.writer(REJECTED_ASSET, window.key, REJECTED_FILE, rejected_schema(EVENTS)) as rej:
+        return ingest(EVENTS, source.events(window), events_params(window, known), out, rej, on_progress)
+
+
+def _counts(column: pa.ChunkedArray) -> dict[str, int]:
+    vc = pc.value_counts(column)
+    return dict(sorted(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist())))

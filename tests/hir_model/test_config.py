@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pytest
+
+from hir_model.config import ConfigError, load_config
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "hir.toml"
+    path.write_text(text)
+    return path
+
+
+def test_file_values_and_relative_paths(tmp_path):
+    cfg = load_config(write(tmp_path, 'source = "synthetic"\nwindow = "daily"\nstorage_uri = "out"\n[synthetic]\nseed = 3\n'), env={})
+    assert (cfg.source, cfg.window, cfg.storage_uri) == ("synthetic", "daily", str(tmp_path / "out"))
+    assert cfg.synthetic == {"seed": 3} and cfg.data_dir == tmp_path / "data"
+
+
+def test_environment_overrides_the_file(tmp_path):
+    env = {"HIR_SOURCE": "parquet", "HIR_WINDOW": "weekly", "HIR_STORAGE_URI": "s3://bucket/hir", "HIR_PARQUET_PATH": "byo"}
+    cfg = load_config(write(tmp_path, 'source = "synthetic"\nwindow = "daily"\n'), env=env)
+    assert (cfg.source, cfg.window, cfg.storage_uri, cfg.parquet_path) == ("parquet", "weekly", "s3://bucket/hir", str(tmp_path / "byo"))
+
+
+@pytest.mark.parametrize("text, env, message", [
+    ('source = "kafka"', {}, "source 'kafka'"),
+    ('window = "monthly"', {}, "window 'monthly'"),
+    ("", {"HIR_WINDOW": "hourly"}, "window 'hourly'"),
+    ('source = "parquet"', {}, "needs \\[parquet\\] path"),
+    ("source = ", {}, "not valid TOML"),
+])
+def test_bad_config_names_the_problem(tmp_path, text, env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), env=env)
+
+
+def test_missing_config_file_named_by_env(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(env={"HIR_CONFIG": str(tmp_path / "nope.toml")})
+
+
+def test_unknown_synthetic_key_is_refused(tmp_path):
+    cfg = load_config(write(tmp_path, 'source = "synthetic"\n[synthetic]\nsed = 3\n'), env={})
+    with pytest.raises(ConfigError, match="unknown keys \\['sed'\\]"):
+        cfg.make_source()
