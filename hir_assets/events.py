@@ -1,0 +1,101 @@
+"""Ingestion stage: the entity catalog, raw events and rejected events, one window per partition."""
+
+
+import dagster as dg
+import pyarrow.compute as pc
+
+from dagster_project.partitions import window_of
+from dagster_project.resources import PartitionStorage, SourceResource
+from data_contracts import CATALOG, CONVERSION_EVENT, EVENTS, RELATIONS
+from hir_assets.checks import (NOT_EMPTY_CHECK, contract_check_results, contract_check_specs, rejected_result,
+                               rejected_spec)
+from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET, RELATIONS_FILE,
+                                   build_catalog, build_events, catalog_params, events_params)
+
+GROUP = "ingest"
+RELATIONS_PREFIX = "relations_"
+
+
+def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
+    catalog_checks = (contract_check_specs(CATALOG, CATALOG_ASSET) + contract_check_specs(RELATIONS, CATALOG_ASSET, RELATIONS_PREFIX)
+                      + [rejected_spec(CATALOG_ASSET, "catalog"), rejected_spec(CATALOG_ASSET, "relation", RELATIONS_PREFIX)])
+
+    @dg.asset(name=CATALOG_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=catalog_checks,
+              backfill_policy=dg.BackfillPolicy.multi_run(1))
+    def entity_catalog(context: dg.AssetExecutionContext, storage: PartitionStorage, source: SourceResource) -> dg.MaterializeResult:
+        """Every entity known by the window end (users, advertisers, products, campaigns, KG entities) and their typed relations."""
+        window, src, store = window_of(context), source.get(), storage.store()
+        src.prepare()
+        with store.writing() as staging:
+            built = build_catalog(src, window, staging)
+            entities = staging.read(CATALOG_ASSET, window.key, ENTITIES_FILE)
+            relations = staging.read(CATALOG_ASSET, window.key, RELATIONS_FILE)
+            ids = entities.column("entity_id").combine_chunks()
+            checks = (contract_check_results(CATALOG, entities, catalog_params(window, ids), CATALOG_ASSET)
+                      + contract_check_results(RELATIONS, relations, catalog_params(window, ids), CATALOG_ASSET, RELATIONS_PREFIX)
+                      + [rejected_result(built.entities, CATALOG_ASSET), rejected_result(built.relations, CATALOG_ASSET, RELATIONS_PREFIX)])
+        context.log.info(f"catalog {window.key}: {entities.num_rows} entities ({sum(built.new_by_type.values())} new), "
+                         f"{relations.num_rows} relations, {built.entities.rejected + built.relations.rejected} rejected")
+        return dg.MaterializeResult(metadata={
+            "dagster/row_count": entities.num_rows,
+            "entities_by_type": built.by_type,
+            "new_entities": sum(built.new_by_type.values()),
+            "new_entities_by_type": built.new_by_type,
+            "relations": relations.num_rows,
+            "relations_by_type": built.relations_by_type,
+            "rejected": built.entities.rejected + built.relations.rejected,
+            "path": dg.MetadataValue.path(str(store.partition_dir(CATALOG_ASSET, window.key))),
+        }, check_results=checks)
+
+    event_checks = contract_check_specs(EVENTS, EVENTS_ASSET) + [
+        rejected_spec(EVENTS_ASSET, "event"),
+        dg.AssetCheckSpec(NOT_EMPTY_CHECK, asset=EVENTS_ASSET, blocking=False, description="the window has at least one event"),
+    ]
+
+    @dg.multi_asset(
+        name="ingest_events", partitions_def=partitions, group_name=GROUP, can_subset=False, check_specs=event_checks,
+        backfill_policy=dg.BackfillPolicy.multi_run(1),
+        specs=[
+            dg.AssetSpec(EVENTS_ASSET, deps=[CATALOG_ASSET], kinds={"parquet"},
+                         description="The window's engagement events that pass the events contract (ts in [start, end))."),
+            dg.AssetSpec(REJECTED_ASSET, deps=[CATALOG_ASSET], kinds={"parquet"},
+                         description="The window's events that broke the contract, each with the rules it broke and its file."),
+        ],
+    )
+    def ingest_events(context: dg.AssetExecutionContext, storage: PartitionStorage, source: SourceResource):
+        window, src, store = window_of(context), source.get(), storage.store()
+        src.prepare()
+        known = store.read(CATALOG_ASSET, window.key, ENTITIES_FILE, columns=["entity_id"]).column("entity_id").combine_chunks()
+
+        def progress(report):
+            if len(report.origins) % 20 == 0:
+                context.log.info(f"events {window.key}: {report.rows_in:,} rows read, {report.rejected:,} rejected")
+
+        with store.writing() as staging:
+            report = build_events(src, window, known, staging, progress)
+            events = staging.read(EVENTS_ASSET, window.key, EVENTS_FILE)
+            checks = contract_check_results(EVENTS, events, events_params(window, known), EVENTS_ASSET) + [
+                rejected_result(report, EVENTS_ASSET),
+                dg.AssetCheckResult(asset_key=EVENTS_ASSET, check_name=NOT_EMPTY_CHECK, passed=events.num_rows > 0,
+                                    severity=dg.AssetCheckSeverity.WARN, metadata={"rows": events.num_rows},
+                                    description=f"{events.num_rows} events in {window.key}"),
+            ]
+        by_type = dict(sorted(zip(*[c.to_pylist() for c in pc.value_counts(events.column("event_type")).flatten()])))
+        context.log.info(f"events {window.key}: {report.accepted:,} accepted, {report.rejected:,} rejected "
+                         f"in {report.seconds:.1f}s ({report.rows_in / max(report.seconds, 1e-9):,.0f} rows/s)")
+        yield dg.MaterializeResult(asset_key=EVENTS_ASSET, check_results=checks, metadata={
+            "dagster/row_count": events.num_rows,
+            "events_by_type": by_type,
+            "conversions": by_type.get(CONVERSION_EVENT, 0),
+            "users": pc.count_distinct(events.column("user_id")).as_py(),
+            "entities": pc.count_distinct(events.column("entity_id")).as_py(),
+            "rejected": report.rejected,
+            "files_read": len(set(report.origins)),
+            "path": dg.MetadataValue.path(str(store.partition_dir(EVENTS_ASSET, window.key))),
+        })
+        yield dg.MaterializeResult(asset_key=REJECTED_ASSET, metadata={
+            "dagster/row_count": report.rejected, "by_rule": dict(report.rejected_by_rule),
+            "path": dg.MetadataValue.path(str(store.partition_dir(REJECTED_ASSET, window.key))),
+        })
+
+    return [entity_catalog, ingest_events]
