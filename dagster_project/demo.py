@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
           f"storage={config.storage_uri} DAGSTER_HOME={os.environ.get('DAGSTER_HOME')}", flush=True)
     t0 = time.time()
     for i, key in enumerate(keys, 1):
-        result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False, tags={"hir/demo": "true"})
+        result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False, tags={"hir/demo": "true"},
+                                        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
         if not result.success:
             print(f"run for window {key} failed (run id {result.run_id}); see `make ui` for the logs", file=sys.stderr)
             return 1

@@ -95,19 +95,19 @@ class Contract:
                 problems.append(f"column {f.name!r} is {schema.field(f.name).type}, contract says {f.type}")
         return problems
 
-    def expectation_suite(self, params: dict[str, Any]):
-        """The great-expectations ExpectationSuite for this contract, bound to run-time params."""
+    def expectation_suite(self, params: dict[str, Any], table: pa.Table | None = None):
+        """The great-expectations ExpectationSuite for this contract, bound to run-time params (and the table to validate)."""
         import great_expectations as gx
         import great_expectations.expectations as gxe
 
         expectations = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=list(self.schema.names), meta={"rule": "schema.columns"})]
         for rule in self.rules:
-            expectations.extend(rule.expectations(params))
+            expectations.extend(rule.expectations(params, table))
         return gx.ExpectationSuite(name=f"{self.name}_contract", expectations=expectations)
 
     def validate(self, table: pa.Table, params: dict[str, Any]) -> dict[str, RuleResult]:
         """Run the great-expectations suite on `table`; one RuleResult per rule plus `schema.columns`."""
-        suite = self.expectation_suite(params)
+        suite = self.expectation_suite(params, table)
         df = table.to_pandas()  # strings as objects, timestamps tz-aware: what GE's pandas engine expects
         result = _validate_dataframe(df, suite, self.name)
         merged: dict[str, RuleResult] = {}

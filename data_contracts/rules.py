@@ -60,8 +60,11 @@ class Rule:
             bad |= np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
         return bad
 
-    def expectations(self, params: dict[str, Any]) -> list:
-        """The great-expectations 1.x expectations that state this rule (one per column)."""
+    def expectations(self, params: dict[str, Any], table: pa.Table | None = None) -> list:
+        """The great-expectations 1.x expectations that state this rule (one per column).
+
+        `table`, when given, is the table the suite will validate (used to keep value sets small).
+        """
         import great_expectations.expectations as gxe  # heavy import, only where checks run
 
         out = []
@@ -72,8 +75,13 @@ class Rule:
             elif self.kind == "in_set":
                 out.append(gxe.ExpectColumnValuesToBeInSet(column=col, value_set=list(self.values), meta=meta))
             elif self.kind == "in_reference":
-                ref = _value_set(params[self.param], pa.string()).to_pylist()
-                out.append(gxe.ExpectColumnValuesToBeInSet(column=col, value_set=ref, meta=meta))
+                # The reference (e.g. every catalog id) can be 10^5+ values, which GE copies per metric. Only the
+                # reference values that occur in the column can ever match, so the allowed set is narrowed to them:
+                # same verdict, same unexpected rows, a set no larger than the column's distinct values.
+                ref = _value_set(params[self.param], pa.string())
+                present = pc.unique(table.column(col).cast(pa.string())) if table is not None else ref
+                allowed = pc.filter(present, pc.fill_null(pc.is_in(present, value_set=ref), False)).to_pylist()
+                out.append(gxe.ExpectColumnValuesToBeInSet(column=col, value_set=allowed, meta=meta))
             elif self.kind == "between":
                 lo, hi = params[self.param]
                 out.append(gxe.ExpectColumnValuesToBeBetween(column=col, min_value=lo, max_value=hi, strict_max=True, meta=meta))
