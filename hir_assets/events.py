@@ -1,6 +1,5 @@
 """Ingestion stage: the entity catalog, raw events and rejected events, one window per partition."""
 
-
 import dagster as dg
 import pyarrow.compute as pc
 
@@ -9,7 +8,8 @@ from dagster_project.resources import PartitionStorage, SourceResource
 from data_contracts import CATALOG, CONVERSION_EVENT, EVENTS, RELATIONS
 from hir_assets.checks import (NOT_EMPTY_CHECK, contract_check_results, contract_check_specs, rejected_result,
                                rejected_spec)
-from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET, RELATIONS_FILE,
+from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET, REJECTED_FILE,
+                                   RELATIONS_FILE,
                                    build_catalog, build_events, catalog_params, events_params)
 
 GROUP = "ingest"
@@ -52,17 +52,10 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
         dg.AssetCheckSpec(NOT_EMPTY_CHECK, asset=EVENTS_ASSET, blocking=False, description="the window has at least one event"),
     ]
 
-    @dg.multi_asset(
-        name="ingest_events", partitions_def=partitions, group_name=GROUP, can_subset=False, check_specs=event_checks,
-        backfill_policy=dg.BackfillPolicy.multi_run(1),
-        specs=[
-            dg.AssetSpec(EVENTS_ASSET, deps=[CATALOG_ASSET], kinds={"parquet"},
-                         description="The window's engagement events that pass the events contract (ts in [start, end))."),
-            dg.AssetSpec(REJECTED_ASSET, deps=[CATALOG_ASSET], kinds={"parquet"},
-                         description="The window's events that broke the contract, each with the rules it broke and its file."),
-        ],
-    )
-    def ingest_events(context: dg.AssetExecutionContext, storage: PartitionStorage, source: SourceResource):
+    @dg.asset(name=EVENTS_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, deps=[CATALOG_ASSET],
+              check_specs=event_checks, backfill_policy=dg.BackfillPolicy.multi_run(1))
+    def raw_events(context: dg.AssetExecutionContext, storage: PartitionStorage, source: SourceResource) -> dg.MaterializeResult:
+        """The window's engagement events that pass the events contract; the rows that break it are kept beside them."""
         window, src, store = window_of(context), source.get(), storage.store()
         src.prepare()
         known = store.read(CATALOG_ASSET, window.key, ENTITIES_FILE, columns=["entity_id"]).column("entity_id").combine_chunks()
@@ -83,19 +76,32 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
         by_type = dict(sorted(zip(*[c.to_pylist() for c in pc.value_counts(events.column("event_type")).flatten()])))
         context.log.info(f"events {window.key}: {report.accepted:,} accepted, {report.rejected:,} rejected "
                          f"in {report.seconds:.1f}s ({report.rows_in / max(report.seconds, 1e-9):,.0f} rows/s)")
-        yield dg.MaterializeResult(asset_key=EVENTS_ASSET, check_results=checks, metadata={
+        return dg.MaterializeResult(check_results=checks, metadata={
             "dagster/row_count": events.num_rows,
             "events_by_type": by_type,
             "conversions": by_type.get(CONVERSION_EVENT, 0),
             "users": pc.count_distinct(events.column("user_id")).as_py(),
             "entities": pc.count_distinct(events.column("entity_id")).as_py(),
             "rejected": report.rejected,
+            "rejected_by_rule": dict(report.rejected_by_rule),
             "files_read": len(set(report.origins)),
             "path": dg.MetadataValue.path(str(store.partition_dir(EVENTS_ASSET, window.key))),
         })
-        yield dg.MaterializeResult(asset_key=REJECTED_ASSET, metadata={
-            "dagster/row_count": report.rejected, "by_rule": dict(report.rejected_by_rule),
-            "path": dg.MetadataValue.path(str(store.partition_dir(REJECTED_ASSET, window.key))),
+
+    @dg.asset(name=REJECTED_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, deps=[EVENTS_ASSET],
+              backfill_policy=dg.BackfillPolicy.multi_run(1))
+    def rejected_events(context: dg.AssetExecutionContext, storage: PartitionStorage) -> dg.MaterializeResult:
+        """The window's events that broke the contract, each with the rules it broke and the file it came from."""
+        store = storage.store()
+        rejected = store.read(EVENTS_ASSET, context.partition_key, REJECTED_FILE)
+        with store.writing() as staging:
+            staging.write_table(REJECTED_ASSET, context.partition_key, REJECTED_FILE, rejected)
+        by_rule = pc.value_counts(rejected.column("rule")).to_pylist() if rejected.num_rows else []
+        return dg.MaterializeResult(metadata={
+            "dagster/row_count": rejected.num_rows,
+            "by_rule": {d["values"]: d["counts"] for d in by_rule},
+            "files": sorted(set(rejected.column("origin").to_pylist())),
+            "path": dg.MetadataValue.path(str(store.partition_dir(REJECTED_ASSET, context.partition_key))),
         })
 
-    return [entity_catalog, ingest_events]
+    return [entity_catalog, raw_events, rejected_events]

@@ -67,9 +67,13 @@ def build_catalog(source: Source, window: Window, staging: Staging) -> CatalogBu
 
 def build_events(source: Source, window: Window, known: pa.Array, staging: Staging,
                  on_progress: Callable[[IngestReport], None] | None = None) -> IngestReport:
-    """The window's events, validated against the contract and the catalog as of the window end."""
+    """The window's events, validated against the contract and the catalog as of the window end.
+
+    Accepted rows go to `raw_events/<key>/events`, rejected ones beside them to `raw_events/<key>/rejected`
+    (one commit: they always describe the same run); the `rejected_events` asset publishes the latter.
+    """
     with staging.writer(EVENTS_ASSET, window.key, EVENTS_FILE, EVENTS.schema) as out, \
-            staging.writer(REJECTED_ASSET, window.key, REJECTED_FILE, rejected_schema(EVENTS)) as rej:
+            staging.writer(EVENTS_ASSET, window.key, REJECTED_FILE, rejected_schema(EVENTS)) as rej:
         return ingest(EVENTS, source.events(window), events_params(window, known), out, rej, on_progress)
 
 

@@ -27,7 +27,7 @@ def run_window(byo: Path, tmp_path: Path, key: str = "2024-01-07"):
     known = store.read(CATALOG_ASSET, key, ENTITIES_FILE).column("entity_id").combine_chunks()
     with store.writing() as staging:
         report = build_events(source, window, known, staging)
-    return report, store.read(EVENTS_ASSET, key, EVENTS_FILE), store.read(REJECTED_ASSET, key, REJECTED_FILE)
+    return report, store.read(EVENTS_ASSET, key, EVENTS_FILE), store.read(EVENTS_ASSET, key, REJECTED_FILE)
 
 
 def write_events(byo: Path, table: pa.Table, name: str = "part-1.parquet", key: str = "2024-01-07") -> Path:
