@@ -43,9 +43,9 @@ class Staging:
         pq.write_table(table, path, **PARQUET_OPTIONS)
         return path
 
-    def writer(self, asset: str, partition: str, name: str, schema: pa.Schema) -> pq.ParquetWriter:
-        """A streaming writer (use it as a context manager, so it is closed before the staging commits)."""
-        return pq.ParquetWriter(self.path(asset, partition) / f"{name}.parquet", schema, **PARQUET_OPTIONS)
+    def file(self, asset: str, partition: str, name: str) -> Path:
+        """Where a staged file named `name` goes (for writers that stream into it)."""
+        return self.path(asset, partition) / f"{name}.parquet"
 
     def read(self, asset: str, partition: str, name: str, columns: list[str] | None = None) -> pa.Table:
         """Read back a staged file (e.g. to validate it before the commit)."""

@@ -12,15 +12,17 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts import Contract
+from data_contracts.rules import _repeats
 from hir_model.data.source import Batch
+from hir_model.storage import PARQUET_OPTIONS
 
 log = logging.getLogger("hir")
 
@@ -51,54 +53,79 @@ def ingest(
     contract: Contract,
     batches: Iterable[Batch],
     params: dict[str, Any],
-    accepted: pq.ParquetWriter,
-    rejected: pq.ParquetWriter,
+    accepted_path: Path,
+    rejected_path: Path,
     on_progress: Callable[[IngestReport], None] | None = None,
 ) -> IngestReport:
-    """Validate every batch; write good rows (published schema) to `accepted`, the rest to `rejected`.
+    """Validate every batch; write good rows (published schema) to `accepted_path`, the rest to `rejected_path`.
 
-    Uniqueness rules hold across batches: a repeat of a value accepted in an earlier batch is rejected.
+    Uniqueness holds across batches: the first occurrence of a value is kept, every later one rejected.
+    Repeats inside a batch are caught per batch; repeats across batches by one O(n) pass over the accepted
+    keys at the end (a per-batch lookup into everything seen so far would make ingestion quadratic), which
+    rewrites the two files only when such repeats exist.
     """
     report = IngestReport(contract.name)
     t0 = time.perf_counter()
-    unique_cols = {c: [] for r in contract.rules if r.kind == "unique" for c in r.columns}
-    for batch in batches:
-        table = contract.conform(batch.table, batch.origin)
-        report.origins.append(batch.origin)
-        report.rows_in += table.num_rows
-        bad = np.zeros(table.num_rows, dtype=bool)
-        broken: list[tuple[str, np.ndarray]] = []
-        for rule in contract.rules:
-            mask = rule.violations(table, params)
-            if rule.kind == "unique":  # repeats of values accepted by earlier batches
-                for col in rule.columns:
-                    if unique_cols[col]:
-                        seen = pa.chunked_array(unique_cols[col])
-                        mask |= np.asarray(pc.fill_null(pc.is_in(table.column(col), value_set=seen.combine_chunks()), False), dtype=bool)
-            if mask.any():
-                broken.append((rule.name, mask))
-                bad |= mask
-        good = table.filter(pa.array(~bad))
-        for col in unique_cols:
-            unique_cols[col].append(good.column(col).combine_chunks())
-        if good.num_rows:
-            accepted.write_table(contract.publishable(good))
-        if bad.any():
-            names = np.full(table.num_rows, "", dtype=object)
-            for name, mask in broken:
-                names[mask] = np.where(names[mask] == "", name, names[mask] + "," + name)
-                report.rejected_by_rule[name] += int(mask.sum())
-                report.rejected_by_origin[batch.origin][name] += int(mask.sum())
-            bad_rows = table.filter(pa.array(bad))
-            bad_rows = bad_rows.append_column("rule", pa.array(names[bad].tolist(), pa.string()))
-            bad_rows = bad_rows.append_column("origin", pa.array([batch.origin] * bad_rows.num_rows, pa.string()))
-            rejected.write_table(bad_rows.cast(rejected.schema))
-        report.accepted += good.num_rows
-        report.rejected += int(bad.sum())
-        if on_progress:
-            on_progress(report)
+    unique_rules = [r for r in contract.rules if r.kind == "unique"]
+    keys: dict[str, list[pa.Array]] = {c: [] for r in unique_rules for c in r.columns}
+    accepted_origins: list[tuple[str, int]] = []  # (origin, accepted rows) per batch, in file order
+    with pq.ParquetWriter(accepted_path, contract.schema, **PARQUET_OPTIONS) as accepted, \
+            pq.ParquetWriter(rejected_path, rejected_schema(contract), **PARQUET_OPTIONS) as rejected:
+        for batch in batches:
+            table = contract.conform(batch.table, batch.origin)
+            report.origins.append(batch.origin)
+            report.rows_in += table.num_rows
+            broken = [(rule.name, mask) for rule in contract.rules if (mask := rule.violations(table, params)).any()]
+            bad = np.logical_or.reduce([m for _, m in broken]) if broken else np.zeros(table.num_rows, dtype=bool)
+            good = table.filter(pa.array(~bad))
+            for col in keys:
+                keys[col].append(good.column(col).combine_chunks())
+            if good.num_rows:
+                accepted.write_table(contract.publishable(good))
+                accepted_origins.append((batch.origin, good.num_rows))
+            if bad.any():
+                rejected.write_table(_rejected_rows(table.filter(pa.array(bad)), [(n, m[bad]) for n, m in broken], batch.origin, report)
+                                     .cast(rejected.schema))
+            report.accepted += good.num_rows
+            report.rejected += int(bad.sum())
+            if on_progress:
+                on_progress(report)
+    for rule in unique_rules:
+        for col in rule.columns:
+            if len(keys[col]) > 1:
+                late = np.asarray(_repeats(pa.chunked_array(keys[col], pa.string())).to_numpy(zero_copy_only=False), dtype=bool)
+                if late.any():
+                    _move_late_repeats(contract, rule.name, late, accepted_origins, accepted_path, rejected_path, report)
     report.seconds = time.perf_counter() - t0
     for problem in report.problems():
         log.warning(problem)
     return report
 
+
+def _rejected_rows(rows: pa.Table, broken: list[tuple[str, np.ndarray]], origin: str, report: IngestReport) -> pa.Table:
+    """The bad rows with a `rule` column (every rule each row broke, comma-separated) and their origin."""
+    names = np.full(rows.num_rows, "", dtype=object)
+    for name, mask in broken:
+        if mask.any():
+            names[mask] = np.where(names[mask] == "", name, names[mask] + "," + name)
+            report.rejected_by_rule[name] += int(mask.sum())
+            report.rejected_by_origin[origin][name] += int(mask.sum())
+    rows = rows.append_column("rule", pa.array(names.tolist(), pa.string()))
+    return rows.append_column("origin", pa.array([origin] * rows.num_rows, pa.string()))
+
+
+def _move_late_repeats(contract: Contract, rule: str, late: np.ndarray, origins: list[tuple[str, int]],
+                       accepted_path: Path, rejected_path: Path, report: IngestReport) -> None:
+    """Move rows that repeat a key accepted from an earlier batch from the accepted to the rejected file."""
+    accepted = pq.read_table(accepted_path)
+    row_origin = np.repeat(np.array([o for o, _ in origins], dtype=object), [n for _, n in origins])
+    moved = accepted.filter(pa.array(late)).cast(pa.schema([f.with_nullable(True) for f in contract.schema]))
+    parts = [pq.read_table(rejected_path)]
+    for origin in dict.fromkeys(row_origin[late]):
+        from_origin = row_origin[late] == origin
+        parts.append(_rejected_rows(moved.filter(pa.array(from_origin)), [(rule, np.ones(int(from_origin.sum()), bool))], origin, report)
+                     .cast(rejected_schema(contract)))
+    pq.write_table(accepted.filter(pa.array(~late)), accepted_path, **PARQUET_OPTIONS)
+    pq.write_table(pa.concat_tables(parts), rejected_path, **PARQUET_OPTIONS)
+    report.accepted -= int(late.sum())
+    report.rejected += int(late.sum())

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts import CATALOG, EVENTS, RELATIONS
-from hir_model.data.ingest import IngestReport, ingest, rejected_schema
+from hir_model.data.ingest import IngestReport, ingest
 from hir_model.data.source import Batch, Source
 from hir_model.data.windows import Window
 from hir_model.storage import Staging
@@ -26,6 +26,7 @@ log = logging.getLogger("hir")
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 CATALOG_ASSET, EVENTS_ASSET, REJECTED_ASSET = "entity_catalog", "raw_events", "rejected_events"
 ENTITIES_FILE, RELATIONS_FILE, REJECTED_FILE, EVENTS_FILE = "entities", "relations", "rejected", "events"
+REJECTED_RELATIONS_FILE = "rejected_relations"
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,12 @@ def build_catalog(source: Source, window: Window, staging: Staging) -> CatalogBu
     # parent_id must name an entity of this snapshot: the candidate ids are every row's non-null id
     ids = pc.unique(pc.drop_null(pa.chunked_array([b.table.column("entity_id") for b in conformed], pa.string())))
     part = window.key
-    with staging.writer(CATALOG_ASSET, part, ENTITIES_FILE, CATALOG.schema) as ent_out, \
-            staging.writer(CATALOG_ASSET, part, REJECTED_FILE, rejected_schema(CATALOG)) as rej_out:
-        entities = ingest(CATALOG, conformed, catalog_params(window, ids), ent_out, rej_out)
+    entities = ingest(CATALOG, conformed, catalog_params(window, ids),
+                      staging.file(CATALOG_ASSET, part, ENTITIES_FILE), staging.file(CATALOG_ASSET, part, REJECTED_FILE))
     table = staging.read(CATALOG_ASSET, part, ENTITIES_FILE, columns=["entity_id", "entity_type", "first_seen_ts"])
     known = table.column("entity_id").combine_chunks()
-    with staging.writer(CATALOG_ASSET, part, RELATIONS_FILE, RELATIONS.schema) as rel_out, \
-            staging.writer(CATALOG_ASSET, part, "rejected_relations", rejected_schema(RELATIONS)) as rej_out:
-        relations = ingest(RELATIONS, source.relations(window.end), catalog_params(window, known), rel_out, rej_out)
+    relations = ingest(RELATIONS, source.relations(window.end), catalog_params(window, known),
+                       staging.file(CATALOG_ASSET, part, RELATIONS_FILE), staging.file(CATALOG_ASSET, part, REJECTED_RELATIONS_FILE))
     rel_types = staging.read(CATALOG_ASSET, part, RELATIONS_FILE, columns=["relation"]).column("relation")
     new = table.filter(pc.greater_equal(table.column("first_seen_ts"), pa.scalar(window.start, table.schema.field("first_seen_ts").type)))
     return CatalogBuild(entities, relations, _counts(table.column("entity_type")), _counts(new.column("entity_type")), _counts(rel_types))
@@ -72,9 +71,8 @@ def build_events(source: Source, window: Window, known: pa.Array, staging: Stagi
     Accepted rows go to `raw_events/<key>/events`, rejected ones beside them to `raw_events/<key>/rejected`
     (one commit: they always describe the same run); the `rejected_events` asset publishes the latter.
     """
-    with staging.writer(EVENTS_ASSET, window.key, EVENTS_FILE, EVENTS.schema) as out, \
-            staging.writer(EVENTS_ASSET, window.key, REJECTED_FILE, rejected_schema(EVENTS)) as rej:
-        return ingest(EVENTS, source.events(window), events_params(window, known), out, rej, on_progress)
+    return ingest(EVENTS, source.events(window), events_params(window, known),
+                  staging.file(EVENTS_ASSET, window.key, EVENTS_FILE), staging.file(EVENTS_ASSET, window.key, REJECTED_FILE), on_progress)
 
 
 def _counts(column: pa.ChunkedArray) -> dict[str, int]:
