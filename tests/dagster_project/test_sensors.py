@@ -1,0 +1,107 @@
+"""The alert sensor against a real webhook receiver on 127.0.0.1: one alert per failure, none repeated."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dagster_project.definitions import build_definitions
+from dagster_project.notify import AlertLogNotifier, WebhookNotifier
+from hir_model.config import HIRConfig
+from tests.conftest import W0, events_table
+
+KEY = "2024-01-07"
+
+
+class Receiver:
+    """A Slack-compatible webhook endpoint that records what it receives."""
+
+    def __init__(self):
+        self.received: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                outer.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def setup(byo: Path, tmp_path: Path):
+    config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(tmp_path / "store"))
+    defs = build_definitions(config)
+    return defs.resolve_implicit_global_asset_job_def(), defs.resolve_sensor_def("hir_alerts"), dg.DagsterInstance.ephemeral()
+
+
+def tick(sensor, instance, notifier, cursor):
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"notifier": notifier})
+    result = sensor(context)
+    return context.cursor, result
+
+
+def test_one_alert_per_failed_check_and_none_twice(byo, tmp_path, receiver):
+    bad = events_table(W0, "x")
+    types = bad.column("event_type").to_pylist()
+    types[3] = "bought"
+    path = byo / "events" / KEY / "bad.parquet"
+    pq.write_table(bad.set_column(4, "event_type", pa.array(types)), path)
+    job, sensor, instance = setup(byo, tmp_path)
+    assert job.execute_in_process(partition_key=KEY, instance=instance).success
+    notifier = WebhookNotifier(url=receiver.url)
+    cursor, _ = tick(sensor, instance, notifier, None)
+    assert len(receiver.received) == 1
+    alert = receiver.received[0]["hir_alert"]
+    assert (alert["asset"], alert["partition"], alert["check"]) == ("raw_events", KEY, "no_rejected_rows")
+    assert str(path) in alert["description"] and alert["metadata"]["rejected"] == "1"
+    assert "no_rejected_rows" in receiver.received[0]["text"]
+    cursor2, _ = tick(sensor, instance, notifier, cursor)  # a restarted sensor resumes from its cursor
+    assert len(receiver.received) == 1 and cursor2 == cursor
+
+
+def test_failed_run_alerts_once_and_a_down_webhook_is_retried(byo, tmp_path, receiver):
+    (byo / "events" / KEY / "broken.parquet").write_bytes(b"not parquet")
+    job, sensor, instance = setup(byo, tmp_path)
+    assert not job.execute_in_process(partition_key=KEY, instance=instance, raise_on_error=False).success
+    down = WebhookNotifier(url="http://127.0.0.1:9/hook", attempts=1, timeout_s=1)
+    cursor, result = tick(sensor, instance, down, None)
+    assert "notifier failed after 0 alerts" in result.skip_message and receiver.received == []
+    cursor, _ = tick(sensor, instance, WebhookNotifier(url=receiver.url), cursor)
+    assert [a["hir_alert"]["kind"] for a in receiver.received] == ["run"]
+    assert "broken.parquet" in receiver.received[0]["hir_alert"]["description"]
+    tick(sensor, instance, WebhookNotifier(url=receiver.url), cursor)
+    assert len(receiver.received) == 1
+
+
+def test_alert_log_is_the_default_sink(byo, tmp_path):
+    (byo / "events" / "2024-01-14").joinpath("part-0.parquet").unlink()
+    job, sensor, instance = setup(byo, tmp_path)
+    assert job.execute_in_process(partition_key="2024-01-14", instance=instance).success
+    log = tmp_path / "alerts.jsonl"
+    tick(sensor, instance, AlertLogNotifier(path=str(log)), None)
+    alerts = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(a["check"], a["partition"]) for a in alerts] == [("not_empty", "2024-01-14")]
