@@ -9,10 +9,12 @@ import dagster as dg
 
 from dagster_project.notify import AlertLogNotifier, Notifier, WebhookNotifier
 from dagster_project.partitions import window_partitions
-from dagster_project.resources import LocalPartitionStorage, SourceResource
+from dagster_aws.s3 import S3Resource
+
+from dagster_project.resources import LocalPartitionStorage, PartitionStorage, S3PartitionStorage, SourceResource
 from dagster_project.sensors import build_alert_sensor
 from hir_assets.events import build_ingest_assets
-from hir_model.config import HIRConfig, load_config
+from hir_model.config import PROJECT_ROOT, HIRConfig, load_config
 
 
 def build_definitions(config: HIRConfig) -> dg.Definitions:
@@ -28,18 +30,28 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
         assets=assets,
         sensors=[build_alert_sensor(asset_keys)],
         resources={
-            "storage": LocalPartitionStorage(root=config.storage_uri),
+            "storage": storage(config),
             "source": SourceResource.from_config(config),
             "notifier": notifier(),
         },
     )
 
 
+def storage(config: HIRConfig) -> PartitionStorage:
+    """A local folder, or S3 through dagster-aws when the storage URI is s3://bucket/prefix."""
+    if not config.storage_uri.startswith("s3://"):
+        return LocalPartitionStorage(root=config.storage_uri)
+    endpoint = os.environ.get("HIR_S3_ENDPOINT_URL")
+    s3 = S3Resource(endpoint_url=dg.EnvVar("HIR_S3_ENDPOINT_URL") if endpoint else None,
+                    region_name=os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1")), max_attempts=5)
+    return S3PartitionStorage(uri=config.storage_uri, s3=s3, cache_dir=str(PROJECT_ROOT / ".hir" / "cache"))
+
+
 def notifier() -> Notifier:
     """The Slack-compatible webhook when HIR_ALERT_WEBHOOK_URL is set, else the local alert log."""
     if os.environ.get("HIR_ALERT_WEBHOOK_URL"):
         return WebhookNotifier(url=dg.EnvVar("HIR_ALERT_WEBHOOK_URL"))
-    home = Path(os.environ.get("DAGSTER_HOME") or Path(__file__).resolve().parent.parent / ".hir")
+    home = Path(os.environ.get("DAGSTER_HOME") or PROJECT_ROOT / ".hir")
     return AlertLogNotifier(path=str(home / "alerts.jsonl"))
 
 

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run for window {key} failed (run id {result.run_id}); see `make ui` for the logs", file=sys.stderr)
             return 1
         print(f"[{i}/{len(keys)}] {key} materialised ({time.time() - t0:.0f}s)", flush=True)
-    store = PartitionStore(config.storage_uri)
+    store = defs.resources["storage"].store()
     print(f"\n{'window':<12}{'events':>10}{'conversions':>13}{'new entities':>14}{'catalog':>10}")
     for key, n, conv, new, size in summary_rows(store, keys):
         print(f"{key:<12}{n:>10,}{conv:>13,}{new:>14,}{size:>10,}")

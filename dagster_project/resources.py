@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 import dagster as dg
+from dagster_aws.s3 import S3Resource
 
 from hir_model.config import HIRConfig
 from hir_model.data.source import Source
-from hir_model.storage import PartitionStore
+from hir_model.storage import PartitionStore, S3PartitionStore
 
 
 class PartitionStorage(dg.ConfigurableResource):
@@ -26,6 +27,21 @@ class LocalPartitionStorage(PartitionStorage):
 
     def store(self) -> PartitionStore:
         return PartitionStore(self.root)
+
+
+class S3PartitionStorage(PartitionStorage):
+    """Tables on S3 or an S3-compatible store (`HIR_STORAGE_URI=s3://bucket/prefix`), through dagster-aws.
+
+    The S3Resource carries the endpoint (`HIR_S3_ENDPOINT_URL` for MinIO, moto, ...), credentials from the
+    usual AWS environment, and botocore's retries with backoff (`max_attempts`).
+    """
+
+    uri: str  # s3://bucket/prefix
+    s3: S3Resource
+    cache_dir: str  # local staging and read cache
+
+    def store(self) -> PartitionStore:
+        return S3PartitionStore(self.uri, self.s3.get_client(), self.cache_dir)
 
 
 class SourceResource(dg.ConfigurableResource):

@@ -44,7 +44,7 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             "relations": relations.num_rows,
             "relations_by_type": built.relations_by_type,
             "rejected": built.entities.rejected + built.relations.rejected,
-            "path": dg.MetadataValue.path(str(store.partition_dir(CATALOG_ASSET, window.key))),
+            "path": dg.MetadataValue.path(store.uri(CATALOG_ASSET, window.key)),
         }, check_results=checks)
 
     event_checks = contract_check_specs(EVENTS, EVENTS_ASSET) + [
@@ -85,7 +85,7 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             "rejected": report.rejected,
             "rejected_by_rule": dict(report.rejected_by_rule),
             "files_read": len(set(report.origins)),
-            "path": dg.MetadataValue.path(str(store.partition_dir(EVENTS_ASSET, window.key))),
+            "path": dg.MetadataValue.path(store.uri(EVENTS_ASSET, window.key)),
         })
 
     @dg.asset(name=REJECTED_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, deps=[EVENTS_ASSET],
@@ -101,7 +101,7 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             "dagster/row_count": rejected.num_rows,
             "by_rule": {d["values"]: d["counts"] for d in by_rule},
             "files": sorted(set(rejected.column("origin").to_pylist())),
-            "path": dg.MetadataValue.path(str(store.partition_dir(REJECTED_ASSET, context.partition_key))),
+            "path": dg.MetadataValue.path(store.uri(REJECTED_ASSET, context.partition_key)),
         })
 
     return [entity_catalog, raw_events, rejected_events]

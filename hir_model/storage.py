@@ -53,7 +53,7 @@ class Staging:
 
 
 class PartitionStore:
-    """Local-folder implementation. (`s3://` roots are served by the S3 store in dagster_project.)"""
+    """Local-folder implementation (`S3PartitionStore` below keeps the same interface on S3)."""
 
     def __init__(self, root: str | Path):
         root = str(root)
@@ -63,7 +63,12 @@ class PartitionStore:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def partition_dir(self, asset: str, partition: str) -> Path:
+        """A local folder holding the partition's files (on S3: a read-only cached copy)."""
         return self.root / asset / partition
+
+    def uri(self, asset: str, partition: str) -> str:
+        """Where the partition lives, for metadata and messages."""
+        return str(self.partition_dir(asset, partition))
 
     def exists(self, asset: str, partition: str, name: str | None = None) -> bool:
         self._recover(asset, partition)
@@ -114,3 +119,92 @@ class PartitionStore:
             os.rename(trash, final)
             log.warning("restored %s/%s from an interrupted commit", asset, partition)
             return
+
+
+class S3PartitionStore(PartitionStore):
+    """The same partitions on S3 (or any S3-compatible store), atomically.
+
+    S3 has no rename, so a partition is versioned: files go to `<prefix>/<asset>/<partition>/<version>/`,
+    then one PUT of `<prefix>/<asset>/<partition>/_CURRENT` (atomic on S3) names the version, then the
+    previous version's objects are deleted. Readers follow `_CURRENT`, so they see the old files or the new
+    ones, never a mix. Files are staged locally first and read through a local cache (np.load can mmap them).
+    `client` is a boto3 S3 client (the asset layer gets it from dagster-aws's S3Resource, with retries).
+    """
+
+    def __init__(self, uri: str, client, cache_dir: str | Path):
+        if not uri.startswith("s3://"):
+            raise ValueError(f"S3PartitionStore needs an s3://bucket/prefix URI, got {uri!r}")
+        self.bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        self.prefix, self.client = prefix.strip("/"), client
+        self.cache = Path(cache_dir) / "s3" / self.bucket / (self.prefix or "_")
+        self.root = self.cache / "staging"  # where Staging puts files before the upload
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+    def uri(self, asset: str, partition: str) -> str:
+        return f"s3://{self.bucket}/{self._key(asset, partition)}"
+
+    def _current(self, asset: str, partition: str) -> str | None:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(asset, partition, "_CURRENT"))["Body"]
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return body.read().decode().strip()
+
+    def _objects(self, prefix: str) -> list[str]:
+        keys, token = [], None
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": prefix} | ({"ContinuationToken": token} if token else {})
+            page = self.client.list_objects_v2(**kwargs)
+            keys += [o["Key"] for o in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return keys
+            token = page["NextContinuationToken"]
+
+    def exists(self, asset: str, partition: str, name: str | None = None) -> bool:
+        version = self._current(asset, partition)
+        if version is None or name is None:
+            return version is not None
+        return bool(self._objects(self._key(asset, partition, version, f"{name}.parquet")))
+
+    def partition_dir(self, asset: str, partition: str) -> Path:
+        version = self._current(asset, partition)
+        if version is None:
+            raise FileNotFoundError(f"{self.uri(asset, partition)} does not exist: materialise {asset} for {partition} first")
+        local = self.cache / "read" / asset / partition / version
+        if not local.is_dir():  # versions are immutable, so a cached copy never goes stale
+            tmp = local.with_name(f".{version}-{uuid.uuid4().hex[:8]}")
+            tmp.mkdir(parents=True)
+            for key in self._objects(self._key(asset, partition, version) + "/"):
+                self.client.download_file(self.bucket, key, str(tmp / key.rsplit("/", 1)[-1]))
+            os.rename(tmp, local)
+        return local
+
+    def read(self, asset: str, partition: str, name: str, columns: list[str] | None = None) -> pa.Table:
+        if not self.exists(asset, partition, name):
+            raise FileNotFoundError(f"{self.uri(asset, partition)}/{name}.parquet does not exist: materialise {asset} for {partition} first")
+        return pq.read_table(self.partition_dir(asset, partition) / f"{name}.parquet", columns=columns)
+
+    def files(self, asset: str, partition: str) -> list[Path]:
+        return sorted(self.partition_dir(asset, partition).iterdir()) if self.exists(asset, partition) else []
+
+    def partitions(self, asset: str) -> list[str]:
+        suffix = "/_CURRENT"
+        return sorted(k[: -len(suffix)].rsplit("/", 1)[-1] for k in self._objects(self._key(asset) + "/") if k.endswith(suffix))
+
+    def _swap(self, asset: str, partition: str, staged: Path) -> None:
+        version = staged.name.rsplit("-", 1)[-1]
+        old = self._current(asset, partition)
+        for f in sorted(staged.iterdir()):
+            self.client.upload_file(str(f), self.bucket, self._key(asset, partition, version, f.name))
+        self.client.put_object(Bucket=self.bucket, Key=self._key(asset, partition, "_CURRENT"), Body=version.encode())
+        if old and old != version:
+            for key in self._objects(self._key(asset, partition, old) + "/"):
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+        shutil.rmtree(staged, ignore_errors=True)
+        log.debug("committed %s (version %s)", self.uri(asset, partition), version)
+
+    def _recover(self, asset: str, partition: str) -> None:
+        return  # nothing to recover: an upload interrupted before the _CURRENT PUT left the old version current
