@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -15,6 +16,10 @@ from dagster_project.resources import LocalPartitionStorage, PartitionStorage, S
 from dagster_project.sensors import build_alert_sensor
 from hir_assets.events import build_ingest_assets
 from hir_model.config import PROJECT_ROOT, HIRConfig, load_config
+
+
+# Per-asset backfill policies are a deliberate choice (one window per run; self-dependent assets in order).
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 
 def build_definitions(config: HIRConfig) -> dg.Definitions:
