@@ -13,6 +13,7 @@ from dagster_project.partitions import window_partitions
 from dagster_aws.s3 import S3Resource
 
 from dagster_project.resources import LocalPartitionStorage, PartitionStorage, S3PartitionStorage, SourceResource
+from dagster_project.schedules import build_window_job, build_window_schedule
 from dagster_project.sensors import build_alert_sensor
 from hir_assets.events import build_ingest_assets
 from hir_model.config import PROJECT_ROOT, HIRConfig, load_config
@@ -31,8 +32,11 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
     partitions = window_partitions(spec)
     assets = build_ingest_assets(partitions)
     asset_keys = {key.to_user_string() for a in assets for key in a.keys}
+    window_job = build_window_job(partitions)
     return dg.Definitions(
         assets=assets,
+        jobs=[window_job],
+        schedules=[build_window_schedule(window_job)],
         sensors=[build_alert_sensor(asset_keys)],
         resources={
             "storage": storage(config),

@@ -54,3 +54,17 @@ def test_dg_launch_materialises_one_partition_and_reruns_identically(byo, tmp_pa
         runs = instance.get_runs()
         assert len(runs) == 3 and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
         assert {r.tags.get("dagster/partition") for r in runs} == {"2024-01-07"}
+
+
+def test_schedule_targets_the_window_that_just_closed(byo, tmp_path):
+    from dagster_project.definitions import build_definitions
+    from hir_model.config import HIRConfig
+
+    defs = build_definitions(HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(tmp_path)))
+    schedule = defs.resolve_schedule_def("hir_newest_window")
+    assert schedule.cron_schedule == "0 0 * * 0" and schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    from datetime import datetime, timezone
+
+    context = dg.build_schedule_context(scheduled_execution_time=datetime(2024, 1, 21, tzinfo=timezone.utc))
+    requests = list(schedule.evaluate_tick(context).run_requests)
+    assert [r.partition_key for r in requests] == ["2024-01-14"]  # the window [01-14, 01-21) closed at the tick

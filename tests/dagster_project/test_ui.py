@@ -35,8 +35,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def webserver(tmp_path):
+@pytest.fixture(scope="module")
+def webserver(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("ui")
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -60,7 +61,7 @@ def webserver(tmp_path):
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         raise TimeoutError("dagster dev did not come up within 180 s")
-    yield url, home, env
+    yield url, home, env, tmp_path
     os.killpg(proc.pid, signal.SIGTERM)  # dagster dev and its webserver, daemon and code server
     try:
         proc.wait(timeout=60)
@@ -68,9 +69,9 @@ def webserver(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_asset_graph_checks_and_a_launch_from_the_ui(webserver, tmp_path, monkeypatch):
+def test_asset_graph_checks_and_a_launch_from_the_ui(webserver, monkeypatch):
     playwright = pytest.importorskip("playwright.sync_api")
-    url, home, env = webserver
+    url, home, env, tmp_path = webserver
     for key in ("DAGSTER_HOME", "HIR_STORAGE_URI", "HIR_SOURCE"):
         monkeypatch.setenv(key, env[key])
     from dagster_project.definitions import build_definitions
@@ -120,3 +121,27 @@ def test_asset_graph_checks_and_a_launch_from_the_ui(webserver, tmp_path, monkey
                 and dg.AssetKey("raw_events") in (r.asset_selection or set())]
         assert runs and runs[0].status == dg.DagsterRunStatus.SUCCESS
     assert (tmp_path / "store" / "raw_events" / PARTITION / "events.parquet").exists()
+
+
+def test_cli_backfill_of_a_range_through_graphql(webserver, monkeypatch):
+    from dagster._core.execution.backfill import BulkActionStatus  # not re-exported by dagster
+
+    from dagster_project.backfill import main
+
+    url, home, env, tmp_path = webserver
+    for key in ("DAGSTER_HOME", "HIR_STORAGE_URI", "HIR_SOURCE"):
+        monkeypatch.setenv(key, env[key])
+    assert main(["--assets", "entity_catalog", "--from", "1997-09-14", "--to", "1997-09-21", "--url", url]) == 0
+    deadline = time.time() + 300
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        while time.time() < deadline:
+            backfill = instance.get_backfills()[0]
+            if backfill.status != BulkActionStatus.REQUESTED:
+                break
+            time.sleep(2)
+        assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, backfill.status
+        runs = [r for r in instance.get_runs() if r.tags.get("dagster/backfill") == backfill.backfill_id]
+        # one window per run (BackfillPolicy.multi_run(1)): a run's range starts and ends at its window
+        windows = sorted(r.tags.get("dagster/partition") or r.tags["dagster/asset_partition_range_start"] for r in runs)
+        assert windows == ["1997-09-14", "1997-09-21"]
+    assert (tmp_path / "store" / "entity_catalog" / "1997-09-21" / "entities.parquet").exists()

@@ -68,3 +68,31 @@ def test_missing_partition_says_what_to_materialise(tmp_path):
 def test_s3_uri_is_not_a_local_folder(tmp_path):
     with pytest.raises(ValueError, match="S3"):
         PartitionStore("s3://bucket/prefix")
+
+
+def test_a_writer_killed_mid_write_leaves_the_previous_files(tmp_path):
+    """A real SIGKILL while the new files are half written: readers still get the old partition."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    store = PartitionStore(tmp_path)
+    with store.writing() as s:
+        s.write_table("a", "p", "t", table(3))
+    before = (store.partition_dir("a", "p") / "t.parquet").read_bytes()
+    code = textwrap.dedent(f"""
+        import sys, time, pyarrow as pa, pyarrow.parquet as pq
+        from hir_model.storage import PartitionStore
+        with PartitionStore({str(tmp_path)!r}).writing() as s:
+            with pq.ParquetWriter(s.file("a", "p", "t"), pa.schema([("x", pa.int64())])) as w:
+                w.write_table(pa.table({{"x": list(range(1000))}}))
+                print("half written", flush=True)
+                time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "half written"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert (store.partition_dir("a", "p") / "t.parquet").read_bytes() == before
+    assert store.read("a", "p", "t").num_rows == 3 and store.partitions("a") == ["p"]

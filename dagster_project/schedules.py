@@ -1,0 +1,20 @@
+"""Automation: materialise the newest complete window once it closes."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+WINDOW_JOB = "hir_window"
+
+
+def build_window_job(partitions: dg.PartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:
+    """Every HIR asset for one window, in dependency order; transient failures (an S3 blip) are retried."""
+    return dg.define_asset_job(
+        WINDOW_JOB, selection=dg.AssetSelection.all(), partitions_def=partitions,
+        op_retry_policy=dg.RetryPolicy(max_retries=2, delay=10, backoff=dg.Backoff.EXPONENTIAL),
+        description="All HIR assets for one window, in dependency order.")
+
+
+def build_window_schedule(job: dg.UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
+    """At each window boundary, run the window that just closed (stopped by default: bundled data is historical)."""
+    return dg.build_schedule_from_partitioned_job(job, name="hir_newest_window", default_status=dg.DefaultScheduleStatus.STOPPED)
