@@ -16,6 +16,7 @@ from dagster_project.resources import LocalPartitionStorage, PartitionStorage, S
 from dagster_project.schedules import build_window_job, build_window_schedule
 from dagster_project.sensors import build_alert_sensor
 from hir_assets.events import build_ingest_assets
+from hir_assets.graph import build_graph_assets
 from hir_model.config import PROJECT_ROOT, HIRConfig, load_config
 
 
@@ -30,7 +31,7 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"the {config.source} source has no data yet ({exc}); run `make data` (or `hir prepare`) first") from exc
     partitions = window_partitions(spec)
-    assets = build_ingest_assets(partitions)
+    assets = build_ingest_assets(partitions) + build_graph_assets(partitions)
     asset_keys = {key.to_user_string() for a in assets for key in a.keys}
     window_job = build_window_job(partitions)
     return dg.Definitions(
