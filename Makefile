@@ -38,6 +38,7 @@ ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml  ## the Dagster UI on the de
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/ingest.py
+	$(PY) benchmarks/graph.py
 
 clean:
 	rm -rf .hir
