@@ -8,6 +8,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from dagster_project.content_resources import ContentModels
 from dagster_project.notify import AlertLogNotifier, Notifier, WebhookNotifier
 from dagster_project.partitions import window_partitions
 from dagster_aws.s3 import S3Resource
@@ -15,6 +16,7 @@ from dagster_aws.s3 import S3Resource
 from dagster_project.resources import LocalPartitionStorage, PartitionStorage, S3PartitionStorage, SourceResource
 from dagster_project.schedules import build_window_job, build_window_schedule
 from dagster_project.sensors import build_alert_sensor
+from hir_assets.enrichment import build_enrichment_assets
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
 from hir_model.config import PROJECT_ROOT, HIRConfig, load_config
@@ -31,7 +33,7 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"the {config.source} source has no data yet ({exc}); run `make data` (or `hir prepare`) first") from exc
     partitions = window_partitions(spec)
-    assets = build_ingest_assets(partitions) + build_graph_assets(partitions)
+    assets = build_ingest_assets(partitions) + build_enrichment_assets(partitions) + build_graph_assets(partitions)
     asset_keys = {key.to_user_string() for a in assets for key in a.keys}
     window_job = build_window_job(partitions)
     return dg.Definitions(
@@ -43,6 +45,7 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
             "storage": storage(config),
             "source": SourceResource.from_config(config),
             "notifier": notifier(),
+            "content": ContentModels.from_env(),
         },
     )
 

@@ -152,17 +152,15 @@ class MovieLensSource(Source):
         if nodes.empty:
             return CATALOG_SCHEMA.empty_table()
         members = t.members[t.members.seen < end_us]
-        count = members.groupby("node_id", sort=False).size()
         rank = members.groupby("node_id", sort=False).cumcount()
         wide = members[rank < LISTED_FILMS].assign(rank=rank).pivot(index="node_id", columns="rank", values="label")
         names = wide[0]
         for k in wide.columns[1:]:  # vectorised "; ".join of each node's first films
             names = names + ("; " + wide[k]).fillna("")
-        n = nodes.entity_id.map(count).astype(int)
-        more = pd.Series(np.where(n > LISTED_FILMS, " and " + (n - LISTED_FILMS).astype(str) + " more", ""), index=n.index)
-        films = pd.Series(np.where(n == 1, " known film: ", " known films: "), index=n.index)
-        lead = nodes.title.str[:1].str.upper() + nodes.title.str[1:] + ". " + n.astype(str)
-        desc = lead + films + nodes.entity_id.map(names) + more + "."
+        # Only the first films (by first rating), no running count: the text stops changing once they are
+        # known, so content embeddings are not recomputed every week for every KG node.
+        lead = nodes.title.str[:1].str.upper() + nodes.title.str[1:] + ". Films: "
+        desc = lead + nodes.entity_id.map(names) + "."
         return pa.table({
             "entity_id": nodes.entity_id.to_numpy(), "entity_type": nodes.entity_type.to_numpy(),
             "parent_id": pa.nulls(len(nodes), pa.string()),

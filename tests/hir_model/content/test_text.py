@@ -1,0 +1,48 @@
+"""The text encoder loads offline from a local folder and refuses models that are not on this machine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hir_model.content import ModelNotFoundError, TextEncoder, TextEncoderConfig, packaged_model_dir
+from hir_model.content.text import resolve_model
+
+
+def test_loads_the_packaged_minilm_offline_and_embeds_unit_vectors(text_encoder):
+    assert text_encoder.folder == packaged_model_dir() and text_encoder.dim == 384
+    assert text_encoder.version.startswith("all-MiniLM-L6-v2@")
+    v = text_encoder.encode(["red running shoes", "crimson sneakers for jogging", "quarterly tax law update"])
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert v[0] @ v[1] > v[0] @ v[2] + 0.2  # a real sentence model, not random weights
+
+
+def test_an_explicit_folder_is_the_same_model_and_version(text_encoder):
+    folder, name = resolve_model(str(packaged_model_dir()))
+    assert folder == text_encoder.folder and name == "all-MiniLM-L6-v2"
+
+
+def test_batched_equals_one_by_one_and_duplicates_are_encoded_once(text_encoder):
+    texts = ["a", "a much longer text about shoes and hats and coats", "a", "mid length text"]
+    calls = []
+    batched = text_encoder.encode(texts, on_progress=lambda d, t: calls.append((d, t)), batch_size=8)
+    single = np.stack([text_encoder.encode([t])[0] for t in texts])
+    np.testing.assert_allclose(batched, single, atol=1e-5)  # padding does not leak into the mean
+    assert calls == [(3, 3)]  # three distinct texts, one batch
+
+
+@pytest.mark.parametrize("configured", ["/nonexistent/models/minilm", "./models/not-here", "~/no/such/model/dir"])
+def test_a_configured_path_that_does_not_exist_is_refused_by_name(configured):
+    with pytest.raises(ModelNotFoundError, match=configured.replace(".", r"\.")):
+        TextEncoder(TextEncoderConfig(model=configured))
+
+
+def test_a_model_name_outside_the_local_cache_is_refused_not_downloaded():
+    with pytest.raises(ModelNotFoundError, match="not-a-cached/model-xyz.*nothing is downloaded"):
+        TextEncoder(TextEncoderConfig(model="not-a-cached/model-xyz"))
+
+
+def test_a_folder_without_a_model_is_refused(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        TextEncoder(TextEncoderConfig(model=str(tmp_path)))
