@@ -1,0 +1,66 @@
+"""Token embedding: deep-hash id embedding + content projection (or a learned "no content" vector) + node type.
+
+Deep-hash embedding (DHE, Kang et al. 2021): a node id arrives as K hash codes (hir_model.graph.hashing);
+each code is reduced modulo a constant number of buckets and scaled to [-1, 1], and an MLP maps the K floats
+to a vector. Nothing is sized by the vocabulary, so 1 thousand or 100 million ids cost the same parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from hir_model.nn.batch import EncoderBatch
+from hir_model.nn.config import EncoderConfig
+
+
+class DeepHashEmbedding(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.hash_codes, self.buckets = cfg.hash_codes, cfg.hash_buckets
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.hash_codes, cfg.hash_hidden), nn.SiLU(),
+            nn.Linear(cfg.hash_hidden, cfg.hash_hidden), nn.SiLU(),
+            nn.Linear(cfg.hash_hidden, cfg.width),
+        )
+
+    def encode(self, codes: Tensor) -> Tensor:
+        """(..., K) int64 codes -> (..., K) float32 in [-1, 1] (uniform for uniform hashes)."""
+        reduced = torch.remainder(codes, self.buckets)  # non-negative even for negative int64 hashes
+        return reduced.to(torch.float32) * (2.0 / (self.buckets - 1)) - 1.0
+
+    def forward(self, codes: Tensor) -> Tensor:  # (..., K) int64 -> (..., width)
+        if codes.shape[-1] != self.hash_codes:
+            raise ValueError(f"got {codes.shape[-1]} hash codes per node, the config expects {self.hash_codes}")
+        return self.mlp(self.encode(codes))
+
+    def reset_parameters(self) -> None:
+        for m in self.mlp:
+            if isinstance(m, nn.Linear):
+                m.reset_parameters()
+
+
+class TokenEmbedding(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.ids = DeepHashEmbedding(cfg)
+        self.types = nn.Embedding(cfg.node_types, cfg.width)
+        self.content = nn.Linear(cfg.content_dim, cfg.width) if cfg.content_dim else None
+        self.no_content = nn.Parameter(torch.empty(cfg.width))  # stands in where a node has no content vector
+        self.reset_parameters()
+
+    def forward(self, batch: EncoderBatch) -> Tensor:  # -> (B, N, width)
+        x = self.ids(batch.hash_codes) + self.types(batch.node_type)  # (B, N, W)
+        if self.content is None or batch.content is None:
+            return x + self.no_content
+        if batch.content.shape[-1] != self.content.in_features:
+            raise ValueError(f"content vectors have {batch.content.shape[-1]} dims, the config expects {self.content.in_features}")
+        content = self.content(batch.content)  # (B, N, W)
+        return x + torch.where(batch.has_content[..., None], content, self.no_content)
+
+    def reset_parameters(self) -> None:
+        self.ids.reset_parameters()
+        nn.init.normal_(self.types.weight, std=0.02)
+        nn.init.normal_(self.no_content, std=0.02)
+        if self.content is not None:
+            self.content.reset_parameters()

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hir_model.graph.hashing import HashConfig, hash_codes
+from hir_model.nn.batch import collate
+from hir_model.nn.config import EncoderConfig
+from hir_model.nn.embedding import DeepHashEmbedding, TokenEmbedding
+from tests.hir_model.nn.random_batches import random_batch
+
+
+def n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("vocabulary", [1_000, 100_000_000])
+def test_deep_hash_parameters_do_not_depend_on_the_vocabulary(vocabulary):
+    cfg = EncoderConfig()
+    ids = np.random.default_rng(0).choice(vocabulary, 1_000, replace=False)
+    codes = torch.from_numpy(hash_codes([f"product:{i}" for i in ids], HashConfig.k, HashConfig.buckets))
+    dhe = DeepHashEmbedding(cfg)
+    with torch.no_grad():
+        vectors = dhe(codes)  # (1000, width)
+    assert vectors.shape == (1_000, cfg.width) and torch.isfinite(vectors).all()
+    assert torch.unique(vectors, dim=0).shape[0] == 1_000  # distinct ids, distinct vectors
+    expected = (cfg.hash_codes + 1) * cfg.hash_hidden + (cfg.hash_hidden + 1) * cfg.hash_hidden + (cfg.hash_hidden + 1) * cfg.width
+    assert n_params(dhe) == expected  # 1 thousand or 100 million ids: the same ~100k parameters, no per-id row
+
+
+def test_deep_hash_codes_are_scaled_to_unit_interval_even_if_negative():
+    dhe = DeepHashEmbedding(EncoderConfig(hash_codes=3, hash_buckets=1000))
+    x = dhe.encode(torch.tensor([[0, 999, -1]]))
+    torch.testing.assert_close(x, torch.tensor([[-1.0, 1.0, 1.0]]))
+    with pytest.raises(ValueError, match="hash codes"):
+        dhe(torch.zeros(2, 5, dtype=torch.int64))
+
+
+def test_token_embedding_uses_content_where_present_and_the_no_content_vector_elsewhere():
+    cfg = EncoderConfig(content_dim=4)
+    embed = TokenEmbedding(cfg)
+    batch = collate(random_batch(np.random.default_rng(1), [6, 3], content_dim=4)[0])
+    with torch.no_grad():
+        x = embed(batch)
+        base = embed.ids(batch.hash_codes) + embed.types(batch.node_type)
+        content = embed.content(batch.content)
+    assert x.shape == (2, 6, cfg.width)
+    has = batch.has_content
+    torch.testing.assert_close(x[has], (base + content)[has])
+    torch.testing.assert_close(x[~has], (base + embed.no_content)[~has])
+
+
+def test_token_embedding_without_content_config():
+    embed = TokenEmbedding(EncoderConfig())
+    batch = collate(random_batch(np.random.default_rng(2), [2], content_dim=4)[0])  # content is ignored
+    assert embed.content is None
+    with torch.no_grad():
+        torch.testing.assert_close(embed(batch), embed.ids(batch.hash_codes) + embed.types(batch.node_type) + embed.no_content)
