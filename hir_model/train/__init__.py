@@ -1,0 +1,1 @@
+"""Training: views, cross-view distillation, the trainer, the DDP entry point, checkpoints."""
