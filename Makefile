@@ -24,7 +24,7 @@ data: $(VENV)/.installed  ## fetch (MovieLens) or generate (synthetic) the confi
 	$(VENV)/bin/hir prepare
 
 demo: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml data  ## materialise every window end to end, print a summary
-	$(PY) -m dagster_project.demo
+	HIR_TEXT_DTYPE=$${HIR_TEXT_DTYPE:-bfloat16} $(PY) -m dagster_project.demo
 
 test: $(VENV)/.installed  ## the whole suite (CI runs this)
 	HIR_SOURCE=movielens $(VENV)/bin/hir prepare
