@@ -26,7 +26,7 @@ class Evil:
         return (print, ("pwned",))
 
 
-@pytest.mark.parametrize("content", [b"not a checkpoint", pickle.dumps({"format": 1, "x": Evil()})])
+@pytest.mark.parametrize("content", [b"not a checkpoint", pickle.dumps({"format": 1, "x": Evil()})], ids=["garbage", "pickled-code"])
 def test_a_file_that_is_not_a_valid_weights_file_is_refused(tmp_path, content):
     path = tmp_path / "bad.pt"
     path.write_bytes(content)
