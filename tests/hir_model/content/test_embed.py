@@ -43,14 +43,14 @@ def test_first_window_embeds_every_entity_with_explicit_missing_modalities(encod
     build = embed_catalog(window0, encoders)
     table = build.table
     assert table.schema == content_schema(384, 16, 400) and table.num_rows == window0.num_rows
-    # 11 texts (u2 has none); 6 images + p9's video frames (p8's image file is gone)
-    assert (build.new, build.reused, build.texts_encoded, build.visuals_encoded) == (12, 0, 11, 7)
+    # 10 texts (users are known by their edges: no text embedded); 6 images + p9's video frames (p8's image is gone)
+    assert (build.new, build.reused, build.texts_encoded, build.visuals_encoded) == (12, 0, 10, 7)
     rows = rows_by_id(table)
     assert rows["p0"]["has_text"] and rows["p0"]["has_image"]
     assert rows["p7"]["has_text"] and not rows["p7"]["has_image"] and rows["p7"]["image_embedding"] is None
     assert not rows["p8"]["has_image"] and any("p8" in p and "gone.png" in p for p in build.problems)
     assert rows["p9"]["has_image"]  # a folder of frames, pooled by the image tower
-    assert rows["u2"]["embedding"] is None and not rows["u2"]["has_text"] and build.no_content == 1
+    assert rows["u2"]["embedding"] is None and not rows["u2"]["has_text"] and build.no_content == 2  # u1 and u2
     p_text, _ = projections(384, 16, ContentConfig().fusion)  # text only: the projected text vector, unit norm
     np.testing.assert_allclose(np.array(rows["p7"]["embedding"]), np.array(rows["p7"]["text_embedding"]) @ p_text, atol=1e-5)
     report = embedding_report(table, window0.column("entity_id"))
@@ -84,10 +84,10 @@ def test_an_encoder_version_change_reembeds_that_modality_for_everyone(encoders,
     assert (build.texts_encoded, build.visuals_encoded) == (0, 7)  # texts reused, every image re-embedded
     stale = first.set_column(8, "encoder_version", pa.array(["text=other@1;image=catalog_clip@old;fusion=x"] * first.num_rows))
     build = embed_catalog(window0, encoders, previous=stale)
-    assert (build.texts_encoded, build.visuals_encoded, build.reused) == (11, 7, 1)  # only u2 (no content) is untouched
+    assert (build.texts_encoded, build.visuals_encoded, build.reused) == (10, 7, 2)  # only the users (no content) are untouched
     assert pc.all(pc.equal(build.table.column("encoder_version"), build.version)).as_py()
     forced = embed_catalog(window0, encoders, previous=first, force=True)
-    assert (forced.version_changed, forced.reused, forced.texts_encoded) == (12, 0, 11)
+    assert (forced.version_changed, forced.reused, forced.texts_encoded) == (12, 0, 10)
 
 
 def test_a_video_file_without_pyav_is_skipped_with_a_warning_naming_the_entity(encoders, tmp_path):
