@@ -1,0 +1,158 @@
+"""Ranking metrics over full rankings: Recall@K and NDCG@K, vectorised over users.
+
+Definitions (binary relevance, every candidate ranked, never sampled negatives):
+- Recall@K = |top-K ∩ targets| / |targets| (the LightGCN / RecBole convention; it can stay below 1
+  when a user has more than K targets).
+- NDCG@K = DCG@K / IDCG@K with DCG@K = sum over ranks r <= K of hit_r / log2(r + 1) and IDCG@K the DCG of
+  min(K, |targets|) hits at the top.
+Both are averaged over users with at least one target (macro average).
+
+Excluded columns (items the user already engaged with) get -inf and so rank after every other candidate.
+Ties are broken by a fixed order of the columns (`tie_order`, a permutation: earlier wins), the same for
+every method, so a method that cannot tell candidates apart scores at chance rather than by id order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CHUNK_CELLS = 4_000_000  # users x candidates sorted at once (bounds the memory of a ranking)
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Per row, a set of column indices: row r holds idx[ptr[r]:ptr[r + 1]] (a CSR pattern without values)."""
+
+    ptr: np.ndarray  # (R + 1,) int64, non-decreasing, ptr[0] == 0
+    idx: np.ndarray  # (nnz,) int64 column indices
+
+    @classmethod
+    def from_pairs(cls, rows: np.ndarray, cols: np.ndarray, n_rows: int) -> Ragged:
+        """Rows and columns of the pairs (any order; duplicates are kept)."""
+        rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
+        order = np.argsort(rows, kind="stable")
+        ptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_rows))]).astype(np.int64)
+        return cls(ptr, cols[order])
+
+    @classmethod
+    def from_lists(cls, lists: list[list[int]]) -> Ragged:
+        ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+        return cls(ptr, np.asarray([c for x in lists for c in x], np.int64))
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.ptr) - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.ptr)
+
+    @property
+    def row_of(self) -> np.ndarray:
+        """(nnz,) the row of each entry."""
+        return np.repeat(np.arange(self.n_rows), self.sizes)
+
+    def row(self, r: int) -> np.ndarray:
+        return self.idx[self.ptr[r]:self.ptr[r + 1]]
+
+    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ptr of the sub-rows `rows` and the positions of their entries (to take aligned arrays too)."""
+        rows = np.asarray(rows, np.int64)
+        sizes = self.sizes[rows]
+        ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        return ptr, np.arange(ptr[-1]) + np.repeat(self.ptr[rows] - ptr[:-1], sizes)
+
+    def take(self, rows: np.ndarray) -> Ragged:
+        ptr, pos = self.gather(rows)
+        return Ragged(ptr, self.idx[pos])
+
+    def within(self, lo: int, hi: int) -> Ragged:
+        """Only the columns in [lo, hi), shifted to start at 0 (a candidate range of the item space)."""
+        keep = (self.idx >= lo) & (self.idx < hi)
+        return Ragged.from_pairs(self.row_of[keep], self.idx[keep] - lo, self.n_rows)
+
+    def to_mask(self, n_cols: int, rows: slice | None = None) -> np.ndarray:
+        """(R, n_cols) boolean membership (or only the rows of `rows`, a contiguous slice)."""
+        lo, hi = (0, self.n_rows) if rows is None else (rows.start, rows.stop)
+        mask = np.zeros((hi - lo, n_cols), bool)
+        a, b = self.ptr[lo], self.ptr[hi]
+        mask[np.repeat(np.arange(hi - lo), np.diff(self.ptr[lo:hi + 1])), self.idx[a:b]] = True
+        return mask
+
+
+@dataclass(frozen=True)
+class RankingMetrics:
+    n_users: int  # users with at least one target (the ones averaged over)
+    n_targets: int  # their targets in total
+    recall: dict[int, float]  # K -> mean Recall@K
+    ndcg: dict[int, float]  # K -> mean NDCG@K
+
+    def as_dict(self) -> dict[str, float]:
+        return {f"recall@{k}": v for k, v in self.recall.items()} | {f"ndcg@{k}": v for k, v in self.ndcg.items()}
+
+
+def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None, tie_order: np.ndarray | None = None) -> np.ndarray:
+    """(U, min(k, C)) the columns of each row's k best scores, best first.
+
+    scores: (U, C); exclude: (U, C) boolean, excluded cells rank last; tie_order: (C,) a permutation of the
+    columns, the earlier column wins a tie (default: column order).
+    """
+    scores = np.asarray(scores)
+    if np.isnan(scores).any():
+        raise ValueError("scores hold NaN: a method must return finite scores (or -inf for 'never')")
+    n_cols = scores.shape[1]
+    order = np.arange(n_cols) if tie_order is None else np.asarray(tie_order)
+    s = scores[:, order].astype(np.float64)  # columns in tie order: a stable sort keeps it among equals
+    if exclude is not None:
+        s[exclude[:, order]] = -np.inf
+    k = min(k, n_cols)
+    if k < n_cols:  # keep exactly the k best of each row (ties at the k-th value: the earliest in tie order) ...
+        kth = -np.partition(-s, k - 1, axis=1)[:, k - 1:k]  # (U, 1) the k-th largest value
+        above, at = s > kth, s == kth
+        need = k - above.sum(1, keepdims=True)
+        keep = above | (at & (np.cumsum(at, axis=1) <= need))
+        cols = np.nonzero(keep)[1].reshape(len(s), k)  # row-major: each row's kept columns in tie order
+        best = np.take_along_axis(cols, np.argsort(-np.take_along_axis(s, cols, 1), axis=1, kind="stable"), 1)
+    else:  # ... then sort those k (stable: ties keep the tie order)
+        best = np.argsort(-s, axis=1, kind="stable")
+    return order[best]
+
+
+def ranking_metrics(scores: np.ndarray, targets: Ragged, exclude: Ragged | None = None,
+                    recall_ks: tuple[int, ...] = (10, 20, 50), ndcg_ks: tuple[int, ...] = (10, 20),
+                    tie_order: np.ndarray | None = None) -> RankingMetrics:
+    """Mean Recall@K and NDCG@K of `scores` (U, C) against `targets` (U rows of column sets).
+
+    Rows without targets are skipped. `exclude` (U rows) are ranked last; a target that is also excluded
+    still counts in the denominator (the caller removes such targets when that is the intent).
+    """
+    n_users, n_cols = scores.shape
+    if targets.n_rows != n_users or (exclude is not None and exclude.n_rows != n_users):
+        raise ValueError(f"scores have {n_users} rows, targets {targets.n_rows}, exclude {exclude and exclude.n_rows}")
+    kmax = max(recall_ks + ndcg_ks)
+    discount = 1.0 / np.log2(np.arange(2, kmax + 2))  # (kmax,)
+    ideal = np.cumsum(discount)
+    n_t = targets.sizes
+    rows = np.flatnonzero(n_t > 0)
+    hits_sum = {k: [] for k in recall_ks}
+    dcg = {k: [] for k in ndcg_ks}
+    chunk = max(1, CHUNK_CELLS // max(n_cols, 1))
+    for lo in range(0, n_users, chunk):
+        hi = min(n_users, lo + chunk)
+        part = slice(lo, hi)
+        ex = exclude.to_mask(n_cols, part) if exclude is not None else None
+        best = top_k(scores[part], kmax, ex, tie_order)  # (u, kmax')
+        hit = np.take_along_axis(targets.to_mask(n_cols, part), best, axis=1).astype(np.float64)
+        if hit.shape[1] < kmax:  # fewer candidates than kmax: missing ranks are misses
+            hit = np.pad(hit, ((0, 0), (0, kmax - hit.shape[1])))
+        for k in recall_ks:
+            hits_sum[k].append(hit[:, :k].sum(1))
+        for k in ndcg_ks:
+            dcg[k].append(hit[:, :k] @ discount[:k])
+    if len(rows) == 0:
+        return RankingMetrics(0, 0, {k: float("nan") for k in recall_ks}, {k: float("nan") for k in ndcg_ks})
+    recall = {k: float(np.mean(np.concatenate(hits_sum[k])[rows] / n_t[rows])) for k in recall_ks}
+    ndcg = {k: float(np.mean(np.concatenate(dcg[k])[rows] / ideal[np.minimum(k, n_t[rows]) - 1])) for k in ndcg_ks}
+    return RankingMetrics(int(len(rows)), int(n_t[rows].sum()), recall, ndcg)

@@ -1,0 +1,200 @@
+"""The evaluation report: one markdown table of every metric per method (warm and cold users apart), PNG plots
+(a metric per window per method; cold vs warm), and a self-contained HTML page with the plots inlined.
+
+Numbers over several windows are means of the per-window means (each window counts once, as in "averaged
+over the last 4 windows"); `windows` says in how many of them a slice had users to evaluate.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from hir_model.eval.run import WindowEvaluation, WindowSkipped  # noqa: E402
+from hir_model.eval.split import TARGET_KINDS  # noqa: E402
+
+SLICES = (("warm", "known"), ("cold", "known"), ("warm", "new"), ("cold", "new"))  # (users, items), report order
+SLICE_TITLES = {("warm", "known"): "warm users", ("cold", "known"): "cold users (inductive)",
+                ("warm", "new"): "cold-start items, warm users", ("cold", "new"): "cold-start items, cold users"}
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    target: str
+    users: str
+    items: str
+    method: str
+    windows: int  # windows where the slice had users
+    users_per_window: float  # mean evaluated users
+    candidates: float  # mean candidates ranked
+    values: dict[str, float]  # metric -> mean over those windows
+
+
+def evaluated(results: Sequence[WindowEvaluation | WindowSkipped]) -> list[WindowEvaluation]:
+    return [r for r in results if isinstance(r, WindowEvaluation)]
+
+
+def metric_names(results: Sequence[WindowEvaluation | WindowSkipped]) -> tuple[str, ...]:
+    """The metrics the evaluations computed (recall@K..., ndcg@K...), in their order."""
+    return tuple(dict.fromkeys(k for e in evaluated(results) for r in e.results for k in r.metrics.as_dict()))
+
+
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def summary(results: Sequence[WindowEvaluation | WindowSkipped], last: int | None = None) -> list[SummaryRow]:
+    """Per (target, users, items, method): every metric averaged over the (last `last`) evaluated windows."""
+    evals = evaluated(results)
+    evals = evals[-last:] if last else evals
+    methods = list(dict.fromkeys(m for e in evals for m in e.methods))
+    names = metric_names(evals)
+    rows = []
+    for target in TARGET_KINDS:
+        for users, items in SLICES:
+            for method in methods:
+                hits = [r for e in evals for r in e.results if (r.method, r.users, r.items, r.target) == (method, users, items, target)]
+                if hits:
+                    rows.append(SummaryRow(target, users, items, method, len(hits), _mean([h.metrics.n_users for h in hits]),
+                                           _mean([h.candidates for h in hits]),
+                                           {m: _mean([h.metrics.as_dict()[m] for h in hits]) for m in names}))
+    return rows
+
+
+def markdown_table(results: Sequence[WindowEvaluation | WindowSkipped], last: int | None = None) -> str:
+    """One table: a row per (target, slice, method), a column per metric."""
+    names = metric_names(results)
+    head = "| target | users | items | method | windows | users/window | candidates | " + " | ".join(names) + " |"
+    lines = [head, "|" + "---|" * (7 + len(names))]
+    for r in summary(results, last):
+        lines.append(f"| {r.target} | {r.users} | {r.items} | {r.method} | {r.windows} | {r.users_per_window:.1f} | "
+                     f"{r.candidates:.0f} | " + " | ".join(f"{r.values[m]:.4f}" for m in names) + " |")
+    return "\n".join(lines)
+
+
+def timing_table(results: Sequence[WindowEvaluation | WindowSkipped]) -> str:
+    evals = evaluated(results)
+    methods = list(dict.fromkeys(t.method for e in evals for t in e.timings))
+    lines = ["| method | fit s (total) | score s (total) | fit s (max window) |", "|---|---|---|---|"]
+    for m in methods:
+        ts = [t for e in evals for t in e.timings if t.method == m]
+        lines.append(f"| {m} | {sum(t.fit_s for t in ts):.2f} | {sum(t.score_s for t in ts):.2f} | {max(t.fit_s for t in ts):.2f} |")
+    return "\n".join(lines)
+
+
+def lift_table(results: Sequence[WindowEvaluation | WindowSkipped]) -> str:
+    lines = ["| window | pairs train/test | positives test | extra block | AUC base | AUC with | AUC lift | log-loss base | "
+             "log-loss with | log-loss lift |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for e in evaluated(results):
+        lf = e.lift
+        if lf is None:
+            continue
+        ext = lf.extended
+        lines.append(f"| {e.window} | {lf.n_train}/{lf.n_test} | {lf.positives_test} | {', '.join(lf.extra_names) or '-'} | "
+                     f"{lf.base.auc:.4f} | {ext.auc if ext else float('nan'):.4f} | {lf.auc_lift:+.4f} | {lf.base.log_loss:.4f} | "
+                     f"{ext.log_loss if ext else float('nan'):.4f} | {lf.log_loss_lift:+.2%} |")
+    return "\n".join(lines)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plot_per_window(results: Sequence[WindowEvaluation | WindowSkipped], metric: str = "recall@20",
+                    target: str = "deep_funnel") -> bytes:
+    """PNG: `metric` per window, one line per method, one panel per slice (warm, cold, cold-start items)."""
+    evals = evaluated(results)
+    methods = list(dict.fromkeys(m for e in evals for m in e.methods))
+    panels = [s for s in SLICES if any(r.users == s[0] and r.items == s[1] and r.target == target for e in evals for r in e.results)]
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.2 * max(len(panels), 1), 3.6), squeeze=False)
+    for ax, (users, items) in zip(axes[0], panels):
+        for method in methods:
+            ax.plot(range(len(evals)), [e.value(method, users, items, target, metric) for e in evals], marker=".", label=method)
+        ax.set_title(f"{SLICE_TITLES[(users, items)]}: {target} {metric}", fontsize=9)
+        ax.set_xticks(range(len(evals)), [e.window for e in evals], rotation=90, fontsize=6)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    return _png(fig)
+
+
+def plot_cold_vs_warm(results: Sequence[WindowEvaluation | WindowSkipped], metric: str = "recall@20",
+                      target: str = "deep_funnel", last: int | None = None) -> bytes:
+    """PNG: per method, `metric` averaged over windows for warm users, cold users and cold-start items, side by side."""
+    rows = [r for r in summary(results, last) if r.target == target]
+    methods = list(dict.fromkeys(r.method for r in rows))
+    slices = [s for s in SLICES if any((r.users, r.items) == s for r in rows)]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(methods), 3.6))
+    width = 0.8 / max(len(slices), 1)
+    for k, s in enumerate(slices):
+        vals = [next((r.values[metric] for r in rows if (r.users, r.items, r.method) == (*s, m)), float("nan")) for m in methods]
+        ax.bar([i + k * width for i in range(len(methods))], vals, width, label=SLICE_TITLES[s])
+    ax.set_xticks([i + width * (len(slices) - 1) / 2 for i in range(len(methods))], methods)
+    ax.set_ylabel(f"{target} {metric}")
+    ax.set_title(f"cold vs warm ({'last %d windows' % last if last else 'all windows'})", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    return _png(fig)
+
+
+def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str = "HIR window evaluation",
+                last: int | None = 4) -> str:
+    """A self-contained page: tables (all windows and the last `last`), plots inlined as base64 PNGs, skips."""
+    def img(png: bytes) -> str:
+        return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"/>'
+
+    def table(md: str) -> str:
+        rows = [line.strip("|").split("|") for line in md.splitlines() if not line.startswith("|---")]
+        cells = lambda row, tag: "".join(f"<{tag}>{html.escape(c.strip())}</{tag}>" for c in row)  # noqa: E731
+        return "<table><tr>" + cells(rows[0], "th") + "</tr>" + "".join(f"<tr>{cells(r, 'td')}</tr>" for r in rows[1:]) + "</table>"
+
+    skipped = [r for r in results if isinstance(r, WindowSkipped)]
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f"<h2>Last {last} windows</h2>" + table(markdown_table(results, last)) if last else "",
+             "<h2>All windows</h2>" + table(markdown_table(results)),
+             "<h2>Deep-funnel Recall@20 per window</h2>" + img(plot_per_window(results)),
+             "<h2>All engagements Recall@20 per window</h2>" + img(plot_per_window(results, target="engagement")),
+             "<h2>Cold vs warm</h2>" + img(plot_cold_vs_warm(results, last=last)),
+             "<h2>Downstream conversion model</h2>" + table(lift_table(results)),
+             "<h2>Cost</h2>" + table(timing_table(results)),
+             "<h2>Skipped</h2><ul>" + "".join(f"<li>{html.escape(s.window)}: {html.escape(s.reason)}</li>" for s in skipped) + "</ul>"]
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head>" \
+           f"<body>{''.join(parts)}</body></html>"
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    markdown: Path
+    html: Path
+    per_window_png: Path
+    cold_vs_warm_png: Path
+
+
+def write_report(results: Sequence[WindowEvaluation | WindowSkipped], folder: str | Path, title: str = "HIR window evaluation",
+                 last: int | None = 4) -> ReportFiles:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(folder / "evaluation.md", folder / "evaluation.html", folder / "recall20_per_window.png",
+                        folder / "cold_vs_warm.png")
+    files.markdown.write_text(f"# {title}\n\n## Last {last} windows\n\n{markdown_table(results, last)}\n\n## All windows\n\n"
+                              f"{markdown_table(results)}\n\n## Downstream conversion model\n\n{lift_table(results)}\n\n"
+                              f"## Cost\n\n{timing_table(results)}\n")
+    files.html.write_text(html_report(results, title, last))
+    files.per_window_png.write_bytes(plot_per_window(results))
+    files.cold_vs_warm_png.write_bytes(plot_cold_vs_warm(results, last=last))
+    return files

@@ -1,0 +1,278 @@
+"""Evaluate window t from the published tables: what the `window_evaluation` asset computes.
+
+Reads, and only reads: `raw_events` of every window <= t (the train history), `entity_catalog` of t (the
+known items), window t+1's `raw_events` (the test events) and, from t+1's `entity_catalog`, only the
+rows of items first seen inside t+1 (side information of cold-start items: id, type, parent, text; no
+interaction). Content vectors come from the `content_embeddings` partitions of t (known items) and t+1
+(new items only) when both exist, else from a hashed TF-IDF stand-in over the same catalogue rows. Nothing
+of t+2 or later is opened. A window without a successor returns `WindowSkipped`, not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
+from hir_model.data.windows import Window, WindowSpec
+from hir_model.eval.lift import LiftConfig, LiftResult, conversion_lift, pair_features
+from hir_model.eval.method import Method
+from hir_model.eval.metrics import RankingMetrics, ranking_metrics
+from hir_model.eval.split import (CATALOG_COLUMNS, EVENT_COLUMNS, ITEM_GROUPS, TARGET_KINDS, ItemSpace, SplitConfig,
+                                  SplitCounts, WindowSplit, build_split, warm_queries)
+from hir_model.eval.text_vectors import TextVectorConfig, entity_text, text_vectors
+
+log = logging.getLogger("hir")
+
+CONTENT_ASSET, CONTENT_FILE = "content_embeddings", "embeddings"  # the content asset's published table
+TEXT_COLUMNS = ["title", "description", "category"]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    split: SplitConfig = SplitConfig()
+    recall_ks: tuple[int, ...] = (10, 20, 50)
+    ndcg_ks: tuple[int, ...] = (10, 20)
+    content: str = "auto"  # "asset" (content_embeddings), "text" (hashed TF-IDF stand-in), "auto" (asset if there)
+    text: TextVectorConfig = TextVectorConfig()
+    lift: LiftConfig = LiftConfig()
+    lift_method: str | None = "mf_als"  # whose warm-user pair score is the extra lift block (HIR's features later)
+    score_batch: int = 1024  # queries scored at once
+    seed: int = 0  # of the candidates' tie-break order (shared by every method)
+
+
+@dataclass(frozen=True)
+class SliceResult:
+    method: str
+    users: str  # "warm" | "cold"
+    items: str  # "known" (known by end(t)) | "new" (first seen in t+1)
+    target: str  # "deep_funnel" | "engagement"
+    candidates: int  # items ranked for every user of the slice (the whole item group)
+    metrics: RankingMetrics
+
+
+@dataclass(frozen=True)
+class MethodTiming:
+    method: str
+    fit_s: float
+    score_s: float
+
+
+@dataclass(frozen=True)
+class WindowEvaluation:
+    window: str  # t: what the methods were fitted on
+    next_window: str  # t+1: what they were tested on
+    counts: SplitCounts
+    content_source: str  # "asset" | "text" | "none"
+    results: tuple[SliceResult, ...]
+    timings: tuple[MethodTiming, ...]
+    lift: LiftResult | None = None
+    methods: tuple[str, ...] = field(default=())
+
+    def to_table(self) -> pa.Table:
+        """One row per (method, slice, metric): what the `window_evaluation` asset can publish as Parquet."""
+        rows = [(self.window, self.next_window, r.method, r.users, r.items, r.target, name, value, r.metrics.n_users,
+                 r.metrics.n_targets, r.candidates) for r in self.results for name, value in r.metrics.as_dict().items()]
+        names = ["window", "next_window", "method", "users", "items", "target", "metric", "value", "n_users", "n_targets",
+                 "candidates"]
+        types = [pa.string()] * 7 + [pa.float64(), pa.int64(), pa.int64(), pa.int64()]
+        return pa.table([pa.array([r[i] for r in rows], t) for i, t in enumerate(types)], names=names)
+
+    def value(self, method: str, users: str, items: str, target: str, metric: str) -> float:
+        """e.g. value("lightgcn", "warm", "known", "deep_funnel", "recall@20"); nan where not evaluated."""
+        for r in self.results:
+            if (r.method, r.users, r.items, r.target) == (method, users, items, target):
+                return r.metrics.as_dict()[metric]
+        return float("nan")
+
+
+@dataclass(frozen=True)
+class WindowSkipped:
+    window: str
+    reason: str
+
+
+class TableReader:
+    """Reads each published partition once (a run over many windows re-reads nothing) and logs what it opened."""
+
+    def __init__(self, store):
+        self.store = store
+        self._cache: dict[tuple[str, str, str], pa.Table] = {}
+        self.opened: list[tuple[str, str]] = []  # (asset, partition) in read order
+
+    def read(self, asset: str, key: str, name: str, columns: list[str]) -> pa.Table:
+        k = (asset, key, name)
+        if k not in self._cache:
+            self._cache[k] = self.store.read(asset, key, name, columns=columns)
+            self.opened.append((asset, key))
+        return self._cache[k]
+
+    def events(self, key: str) -> pa.Table:
+        return self.read(EVENTS_ASSET, key, EVENTS_FILE, EVENT_COLUMNS)
+
+    def engagements(self, key: str, types: tuple[str, ...]) -> pa.Table:
+        """The partition's events of `types` only (a window's history is rebuilt from these every window)."""
+        k = (EVENTS_ASSET, key, "engagements:" + ",".join(types))
+        if k not in self._cache:
+            table = self.events(key)
+            self._cache[k] = table.filter(pc.is_in(table.column("event_type"), pa.array(types, pa.string())))
+        return self._cache[k]
+
+    def catalog(self, key: str) -> pa.Table:
+        return self.read(CATALOG_ASSET, key, ENTITIES_FILE, CATALOG_COLUMNS + TEXT_COLUMNS)
+
+    def forget_before(self, key: str) -> None:
+        """Drop cached tables older than `key` but the engagements (every later window's history needs them)."""
+        for k in [k for k in self._cache if k[1] < key and (k[0] != EVENTS_ASSET or k[2] == EVENTS_FILE)]:
+            del self._cache[k]
+
+
+def _within(table: pa.Table, window: Window, before_only: bool = False) -> pa.Table:
+    ts = table.column("ts")
+    end = pa.scalar(window.end, ts.type)
+    mask = pc.less(ts, end) if before_only else pc.and_(pc.greater_equal(ts, pa.scalar(window.start, ts.type)), pc.less(ts, end))
+    return table.filter(mask)
+
+
+def _content_rows(table: pa.Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    idx = pd.Index(table.column("entity_id").to_numpy()).get_indexer(ids)
+    col = table.column("embedding").combine_chunks()
+    valid = col.is_valid().to_numpy(zero_copy_only=False)
+    width = len(col[int(np.flatnonzero(valid)[0])]) if valid.any() else 1
+    values = pc.list_flatten(col.filter(pa.array(valid))).to_numpy(zero_copy_only=False).reshape(-1, width)
+    dense = np.zeros((len(col), width), np.float32)
+    dense[valid] = values
+    found = idx >= 0
+    out = np.zeros((len(ids), width), np.float32)
+    out[found] = dense[idx[found]]
+    has = np.zeros(len(ids), bool)
+    has[found] = valid[idx[found]]
+    return out, has
+
+
+def item_content(reader: TableReader, items: ItemSpace, window: Window, next_window: Window,
+                 config: EvalConfig) -> tuple[ItemSpace, str]:
+    """The item space with content vectors, and where they came from."""
+    store, n = reader.store, items.n_known
+    use_asset = config.content == "asset" or (config.content == "auto" and store.exists(CONTENT_ASSET, window.key, CONTENT_FILE)
+                                              and store.exists(CONTENT_ASSET, next_window.key, CONTENT_FILE))
+    if use_asset:
+        cols = ["entity_id", "embedding"]
+        known, has_k = _content_rows(reader.read(CONTENT_ASSET, window.key, CONTENT_FILE, cols), items.ids[:n])
+        new, has_n = _content_rows(reader.read(CONTENT_ASSET, next_window.key, CONTENT_FILE, cols), items.ids[n:])
+        if new.shape[1] != known.shape[1] and len(new):
+            raise ValueError(f"content widths differ between {window.key} ({known.shape[1]}) and {next_window.key} ({new.shape[1]})")
+        return items.with_content(np.vstack([known, new.reshape(-1, known.shape[1])]), np.concatenate([has_k, has_n])), "asset"
+    rows = pd.concat([reader.catalog(window.key).to_pandas(), reader.catalog(next_window.key).to_pandas()]).drop_duplicates("entity_id")
+    rows = rows.set_index("entity_id").reindex(items.ids)
+    texts = [entity_text(t, d, c) for t, d, c in zip(rows.title, rows.description, rows.category)]
+    corpus = np.arange(len(items)) < n  # IDF from the items known by end(t)
+    vectors, has = text_vectors(texts, corpus, config.text)
+    return items.with_content(vectors, has), "text"
+
+
+def load_split(reader: TableReader, spec: WindowSpec, window: Window, next_window: Window,
+               config: EvalConfig) -> tuple[WindowSplit, pa.Table]:
+    """The split of window t and window t+1's events (ts inside t+1 only)."""
+    history = pa.concat_tables([_within(reader.engagements(w.key, config.split.engagement_types), window, before_only=True)
+                                for w in spec.windows() if w.end <= window.end])
+    next_events = reader.events(next_window.key)
+    split = build_split(history, reader.catalog(window.key), next_events, reader.catalog(next_window.key),
+                        window, next_window, config.split)  # drops (and counts) rows outside t+1 itself
+    return split, _within(next_events, next_window)
+
+
+def _score(method: Method, queries, items: ItemSpace, batch: int) -> np.ndarray:
+    parts = [method.score(queries.take(np.arange(lo, min(lo + batch, len(queries)))), items)
+             for lo in range(0, len(queries), batch)]
+    return np.vstack(parts) if parts else np.zeros((0, len(items)), np.float32)
+
+
+def _tie_order(key: str, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng([seed, zlib.crc32(key.encode()), n]).permutation(n)
+
+
+def evaluate_split(split: WindowSplit, methods: Sequence[Method], config: EvalConfig = EvalConfig()
+                   ) -> tuple[tuple[SliceResult, ...], tuple[MethodTiming, ...]]:
+    """Fit every method on the split's train set, score warm and cold users, compute every slice's metrics."""
+    results, timings = [], []
+    known_items = split.items.known()
+    ties = {g: _tie_order(f"{split.window}:{g}", hi - lo, config.seed) for g in ITEM_GROUPS
+            for lo, hi in [split.items.group(g)]}
+    for method in methods:
+        t0 = time.perf_counter()
+        method.fit(split.train, known_items)
+        t1 = time.perf_counter()
+        scores = {g.name: _score(method, g.queries, split.items, config.score_batch) for g in (split.warm, split.cold)}
+        t2 = time.perf_counter()
+        for group in (split.warm, split.cold):
+            for items in ITEM_GROUPS:
+                lo, hi = split.items.group(items)
+                if hi == lo or len(group.queries) == 0:
+                    continue
+                exclude = group.queries.context.within(lo, hi)
+                for target in TARGET_KINDS:
+                    tg = group.targets(target).within(lo, hi)
+                    rows = np.flatnonzero(tg.sizes > 0)
+                    if len(rows) == 0:
+                        continue
+                    m = ranking_metrics(scores[group.name][rows, lo:hi], tg.take(rows), exclude.take(rows),
+                                        config.recall_ks, config.ndcg_ks, ties[items])
+                    results.append(SliceResult(method.name, group.name, items, target, hi - lo, m))
+        timings.append(MethodTiming(method.name, round(t1 - t0, 4), round(t2 - t1, 4)))
+    return tuple(results), tuple(timings)
+
+
+def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], config: EvalConfig) -> LiftResult:
+    pairs = pair_features(split, next_events, config.split, config.lift)
+    chosen = [m for m in methods if m.name == config.lift_method]
+    if not chosen:
+        return conversion_lift(pairs, config=config.lift)
+    warm = pairs.user_index >= 0
+    known = pairs.item_index < split.items.n_known
+    score = np.zeros(len(pairs.y))
+    users, inverse = np.unique(pairs.user_index[warm], return_inverse=True)
+    if len(users):  # the method's score of the pair from the user's history only (nothing of t+1)
+        s = _score(chosen[0], warm_queries(split.train, users), split.items, config.score_batch)
+        score[warm] = s[inverse, pairs.item_index[warm]]
+    extra = np.column_stack([np.where(warm & known, score, 0.0), (warm & known).astype(float)])
+    return conversion_lift(pairs, extra, (f"{chosen[0].name}_score", f"{chosen[0].name}_scored"), config.lift)
+
+
+def evaluate_window(store, spec: WindowSpec, key: str, methods: Sequence[Method], config: EvalConfig = EvalConfig(),
+                    reader: TableReader | None = None) -> WindowEvaluation | WindowSkipped:
+    """Metrics of every method fitted on windows <= `key`, tested on the next window's events."""
+    window = spec.window(key)
+    next_window = spec.next(window)
+    if next_window is None:
+        return WindowSkipped(key, f"window {key} has no successor (the last window ends {window.end:%Y-%m-%d}): "
+                                  "there are no next-window events to test on yet")
+    reader = reader or TableReader(store)
+    split, next_events = load_split(reader, spec, window, next_window, config)
+    content_source = "none"
+    if len(split.items):
+        items, content_source = item_content(reader, split.items, window, next_window, config)
+        split = WindowSplit(split.window, split.next_window, split.train, items, split.warm, split.cold, split.counts)
+    results, timings = evaluate_split(split, methods, config)
+    lift = _lift(split, next_events, methods, config) if config.lift_method is not None else None
+    log.info("evaluated %s on %s: %d warm, %d cold users", key, next_window.key, split.counts.warm_users, split.counts.cold_users)
+    return WindowEvaluation(key, next_window.key, split.counts, content_source, results, timings, lift,
+                            tuple(m.name for m in methods))
+
+
+def evaluate_windows(store, spec: WindowSpec, keys: Sequence[str], methods: Sequence[Method],
+                     config: EvalConfig = EvalConfig()) -> list[WindowEvaluation | WindowSkipped]:
+    """Windows in time order with one reader (each partition read once); methods warm-start window to window."""
+    reader, out = TableReader(store), []
+    for key in sorted(keys):
+        out.append(evaluate_window(store, spec, key, methods, config, reader))
+        reader.forget_before(key)
+    return out

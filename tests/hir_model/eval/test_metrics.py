@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hir_model.eval.metrics import Ragged, ranking_metrics, top_k
+
+L3, L5 = math.log2(3), math.log2(5)
+
+
+def test_hand_computed_single_user():
+    scores = np.array([[0.9, 0.1, 0.8, 0.3, 0.5]])  # ranking: 0, 2, 4, 3, 1
+    m = ranking_metrics(scores, Ragged.from_lists([[2, 3]]), recall_ks=(1, 2, 4), ndcg_ks=(2, 4))
+    assert m.recall == pytest.approx({1: 0.0, 2: 0.5, 4: 1.0})
+    # DCG@2 = 1/log2(3); IDCG@2 = 1 + 1/log2(3); DCG@4 adds rank 4: 1/log2(5)
+    assert m.ndcg[2] == pytest.approx((1 / L3) / (1 + 1 / L3))
+    assert m.ndcg[4] == pytest.approx((1 / L3 + 1 / L5) / (1 + 1 / L3))
+    assert (m.n_users, m.n_targets) == (1, 2)
+
+
+def test_excluded_items_rank_last():
+    scores = np.array([[0.9, 0.1, 0.8, 0.3, 0.5]])
+    m = ranking_metrics(scores, Ragged.from_lists([[2, 3]]), Ragged.from_lists([[0]]), recall_ks=(1, 2), ndcg_ks=(2,))
+    assert m.recall == pytest.approx({1: 0.5, 2: 0.5})  # ranking: 2, 4, 3, 1, then 0
+    assert m.ndcg[2] == pytest.approx(1 / (1 + 1 / L3))
+    assert top_k(scores, 5, np.array([[True, False, False, False, False]])).tolist() == [[2, 4, 3, 1, 0]]
+
+
+def test_ties_follow_the_tie_order_not_the_ids():
+    scores = np.zeros((1, 5))
+    order = np.array([3, 1, 0, 2, 4])
+    assert top_k(scores, 5, tie_order=order).tolist() == [order.tolist()]
+    m = ranking_metrics(scores, Ragged.from_lists([[0]]), recall_ks=(2, 3), ndcg_ks=(3,), tie_order=order)
+    assert m.recall == pytest.approx({2: 0.0, 3: 1.0}) and m.ndcg[3] == pytest.approx(0.5)
+
+
+def test_users_without_targets_are_skipped_and_users_are_averaged():
+    scores = np.array([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0], [5.0, 0.0, 0.0]])
+    m = ranking_metrics(scores, Ragged.from_lists([[0], [0], []]), recall_ks=(1, 3), ndcg_ks=(1, 3))
+    assert m.n_users == 2 and m.recall == pytest.approx({1: 0.5, 3: 1.0})
+    assert m.ndcg[3] == pytest.approx((1 + 1 / 2) / 2)  # user 2 finds item 0 at rank 3: 1/log2(4)
+
+
+def test_k_larger_than_the_candidates():
+    m = ranking_metrics(np.array([[0.2, 0.1, 0.3]]), Ragged.from_lists([[1]]), recall_ks=(10,), ndcg_ks=(10,))
+    assert m.recall[10] == 1.0 and m.ndcg[10] == pytest.approx(1 / 2)  # rank 3
+
+
+def test_nan_scores_are_refused():
+    with pytest.raises(ValueError, match="NaN"):
+        ranking_metrics(np.array([[np.nan, 1.0]]), Ragged.from_lists([[0]]))
+
+
+def test_matches_a_per_user_loop_on_random_data():
+    rng = np.random.default_rng(0)
+    n_u, n_c = 37, 60
+    scores = rng.integers(0, 8, (n_u, n_c)).astype(float)  # many ties
+    order = rng.permutation(n_c)
+    targets = [sorted(rng.choice(n_c, rng.integers(0, 6), replace=False).tolist()) for _ in range(n_u)]
+    exclude = [sorted(rng.choice(n_c, 4, replace=False).tolist()) for _ in range(n_u)]
+    m = ranking_metrics(scores, Ragged.from_lists(targets), Ragged.from_lists(exclude), (5, 10), (5, 10), order)
+    rank_of = np.empty(n_c, int)
+    rank_of[order] = np.arange(n_c)
+    rec, nd = {5: [], 10: []}, {5: [], 10: []}
+    for u in range(n_u):
+        if not targets[u]:
+            continue
+        key = [(-(scores[u, c] if c not in exclude[u] else -np.inf), rank_of[c]) for c in range(n_c)]
+        ranking = sorted(range(n_c), key=lambda c: key[c])
+        for k in (5, 10):
+            hits = [c in targets[u] for c in ranking[:k]]
+            rec[k].append(sum(hits) / len(targets[u]))
+            dcg = sum(h / math.log2(r + 2) for r, h in enumerate(hits))
+            nd[k].append(dcg / sum(1 / math.log2(r + 2) for r in range(min(k, len(targets[u])))))
+    assert m.recall == pytest.approx({k: np.mean(v) for k, v in rec.items()})
+    assert m.ndcg == pytest.approx({k: np.mean(v) for k, v in nd.items()})
+
+
+def test_ragged_helpers():
+    r = Ragged.from_pairs(np.array([2, 0, 2, 1]), np.array([7, 3, 5, 4]), 4)
+    assert [r.row(i).tolist() for i in range(4)] == [[3], [4], [7, 5], []]
+    assert [r.take(np.array([2, 0])).row(i).tolist() for i in range(2)] == [[7, 5], [3]]
+    w = r.within(4, 7)
+    assert [w.row(i).tolist() for i in range(4)] == [[], [0], [1], []]
+    assert r.to_mask(8)[2].nonzero()[0].tolist() == [5, 7]
