@@ -33,10 +33,16 @@ class TrainedModel:
     step: int
     version: str  # content hash of config + weights: what produced an embedding
     window: str = ""  # the window whose data it was trained on (up to its end)
+    global_levels: int = 0  # the first this many levels' prototypes are the encoder's global tokens (hir_model.train)
 
     @property
     def levels(self) -> tuple[int, ...]:
         return tuple(p.shape[0] for p in self.prototypes)
+
+    @property
+    def global_tokens(self) -> Tensor | None:
+        """[G, width]: what to pass as `encoder(batch, global_tokens)` to embed as in training (None: none)."""
+        return torch.cat(self.prototypes[: self.global_levels]) if self.global_levels else None
 
 
 def save_checkpoint(path: str | Path, encoder: Encoder, prototypes: list[Tensor] | tuple[Tensor, ...], step: int,
@@ -76,4 +82,5 @@ def load_trained_model(path: str | Path, map_location: str | torch.device = "cpu
     encoder = Encoder(EncoderConfig(**payload["config"]))
     encoder.load_state_dict(payload["model"])
     encoder.eval()
-    return TrainedModel(encoder, tuple(payload["prototypes"]), payload["step"], payload["version"], payload.get("window", ""))
+    return TrainedModel(encoder, tuple(payload["prototypes"]), payload["step"], payload["version"], payload.get("window", ""),
+                        int(payload.get("extra", {}).get("global_levels", 0)))

@@ -1,0 +1,137 @@
+"""Training on real windows: seconds per window (warm-started), samples/s, collapse metrics, and on the synthetic source
+NMI of the learned level assignments vs the planted interests (with k-means on content vectors as the floor).
+
+    .venv/bin/python benchmarks/train.py [--quick] [--source movielens|synthetic] [--windows N] [--steps S] [--no-global-tokens]
+
+Prints one key=value line per window and a summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hir_model.data.windows import WindowSpec  # noqa: E402
+from hir_model.graph.build import build_graph  # noqa: E402
+from hir_model.graph.window import to_us  # noqa: E402
+from hir_model.train.checkpoint import load_checkpoint  # noqa: E402
+from hir_model.train.config import TrainConfig  # noqa: E402
+from hir_model.train.data import TrainData, active_nodes, engagement_pairs  # noqa: E402
+from hir_model.train.model import HIRModel  # noqa: E402
+from hir_model.train.trainer import assignments, train_window  # noqa: E402
+
+
+def source_of(name: str):
+    data_dir = Path(os.environ.get("HIR_DATA_DIR", REPO / "data"))
+    if name == "movielens":
+        from hir_model.data.movielens import MovieLensSource
+        src = MovieLensSource(data_dir)
+    else:
+        from hir_model.data.synthetic import SyntheticConfig, SyntheticSource
+        src = SyntheticSource(SyntheticConfig(), data_dir / "synthetic-seed7")
+    src.prepare()
+    return src
+
+
+def content_vectors(graph, catalog: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Hashed TF-IDF text vectors (hir_model.eval.text_vectors) aligned to graph nodes: the content stand-in."""
+    from hir_model.eval.text_vectors import entity_text, text_vectors
+    texts = [entity_text(t, d, c) for t, d, c in zip(*(catalog.column(k).to_pylist() for k in ("title", "description", "category")))]
+    mat, has = text_vectors(texts, np.ones(len(texts), bool))
+    node = graph.nodes.index_of(catalog.column("entity_id"))
+    out, ok = np.zeros((graph.num_nodes, mat.shape[1]), np.float32), np.zeros(graph.num_nodes, bool)
+    keep = (node >= 0) & has
+    out[node[keep]], ok[node[keep]] = mat[keep], True
+    return out, ok
+
+
+def teacher_of(path: Path) -> tuple[HIRModel, TrainConfig]:
+    payload = load_checkpoint(path)
+    cfg = TrainConfig.from_dict(payload["extra"]["train_config"])
+    model = HIRModel(replace(cfg, encoder=TrainConfig.from_dict(payload["extra"]["train_config"]).encoder.__class__(**payload["config"])))
+    model.load_state_dict(payload["extra"]["teacher"])
+    return model.eval(), cfg
+
+
+def nmi_report(model: HIRModel, cfg: TrainConfig, data: TrainData, source, catalog: pa.Table, seed: int = 0) -> dict:
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import normalized_mutual_info_score as nmi
+    truth = source.ground_truth.entities.filter(pa.compute.equal(source.ground_truth.entities.column("entity_type"), "product"))
+    node = data.graph.nodes.index_of(truth.column("entity_id"))
+    keep = (node >= 0) & np.isin(node, data.active)
+    node = node[keep]
+    learned = assignments(model, data, node, cfg)
+    out = {}
+    for lvl, a in enumerate(learned):
+        gt = truth.column(f"interest_l{lvl}").to_numpy()[keep]
+        out[f"nmi_l{lvl}"] = round(nmi(gt, a), 3)
+        x = data.content[node]
+        km = KMeans(len(np.unique(gt)), n_init=4, random_state=seed).fit_predict(x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-9))
+        out[f"kmeans_content_nmi_l{lvl}"] = round(nmi(gt, km), 3)
+    out["nmi_products"] = int(len(node))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--source", default="movielens", choices=["movielens", "synthetic"])
+    p.add_argument("--windows", type=int, default=0)
+    p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--levels", default="")
+    p.add_argument("--no-global-tokens", action="store_true")
+    p.add_argument("--no-content", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    source = source_of(args.source)
+    cfg = TrainConfig(global_tokens=not args.no_global_tokens)
+    if args.source == "synthetic":
+        cfg = replace(cfg, levels=(4, 12, 36))
+    if args.levels:
+        cfg = replace(cfg, levels=tuple(int(k) for k in args.levels.split(",")))
+    if args.steps or args.quick:
+        cfg = replace(cfg, steps=args.steps or 10)
+    n_windows = args.windows or (2 if args.quick else 6)
+    windows = WindowSpec.covering("weekly", *source.span()).windows()[:n_windows]
+    prev_graph, prev_ckpt, times, sps = None, None, [], []
+    tmp = Path(tempfile.mkdtemp(prefix="hir-train-bench-"))
+    for w in windows:
+        catalog = pa.concat_tables([b.table for b in source.catalog(w.end)])
+        relations = pa.concat_tables([b.table for b in source.relations(w.end)])
+        events = pa.concat_tables([b.table for b in source.events(w)])
+        end = to_us(w.end)
+        prev_graph, _ = build_graph(prev_graph, catalog, relations, [events], end)
+        user, entity, sign, prob = engagement_pairs(prev_graph, events.select(["user_id", "entity_id", "event_type", "ts"]), end)
+        mat, has = (None, None) if args.no_content else content_vectors(prev_graph, catalog)
+        data = TrainData(prev_graph, end, active_nodes(prev_graph, end), user, entity, sign, prob, mat, has)
+        out = tmp / f"{w.key}.pt"
+        r = train_window(data, cfg, out, prev_ckpt, w.key)
+        prev_ckpt = out
+        times.append(r.seconds), sps.append(r.samples_per_s)
+        print(f"case=window key={w.key} nodes={prev_graph.num_nodes} pairs={len(user)} steps={r.window_steps} "
+              f"seconds={r.seconds:.2f} samples_per_s={r.samples_per_s:.1f} first_loss={r.losses[0]:.3f} "
+              f"last_loss={r.losses[-1]:.3f} usage_entropy={r.usage_entropy} usage_share={r.usage_share} backend={r.backend}", flush=True)
+    line = (f"case=summary source={args.source} windows={len(windows)} steps={cfg.steps} batch={cfg.batch_size} "
+            f"global_tokens={cfg.global_tokens} content={not args.no_content} mean_seconds_per_window={np.mean(times):.2f} "
+            f"mean_samples_per_s={np.mean(sps):.1f}")
+    if args.source == "synthetic":
+        model, tcfg = teacher_of(prev_ckpt)
+        line += " " + " ".join(f"{k}={v}" for k, v in nmi_report(model, tcfg, data, source, catalog).items())
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

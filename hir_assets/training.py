@@ -1,0 +1,143 @@
+"""Training stage: `hir_encoder`, the window's checkpoint, trained by the one entry point launched through Dagster Pipes."""
+
+
+import base64
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+
+from dagster_project.resources import PartitionStorage
+from hir_model.data.tables import EVENTS_ASSET, EVENTS_FILE
+from hir_model.graph.window import GRAPH_ASSET
+from hir_model.storage import PartitionStore
+
+GROUP = "training"
+ENCODER_ASSET, CONTENT_ASSET = "hir_encoder", "content_embeddings"
+CHECKPOINT_FILE, METRICS_FILE = "checkpoint.pt", "metrics.json"
+LOSS_CHECK, COLLAPSE_CHECK, REPRODUCE_CHECK = "loss_finite_and_decreased", "no_level_collapsed", "checkpoint_reproduces_probe"
+MIN_USAGE_ENTROPY = 0.2  # normalised prototype-usage entropy per level below this = collapsed
+PROBE_TOLERANCE = 1e-4  # max |embedding difference| when the checkpoint re-embeds the probe batch
+PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+CHECK_SPECS = [
+    dg.AssetCheckSpec(LOSS_CHECK, asset=ENCODER_ASSET, blocking=True, description="every step's loss is finite and the mean of the last steps is below that of the first"),
+    dg.AssetCheckSpec(COLLAPSE_CHECK, asset=ENCODER_ASSET, blocking=True,
+                      description=f"every level's prototype-usage entropy (normalised) is above {MIN_USAGE_ENTROPY}"),
+    dg.AssetCheckSpec(REPRODUCE_CHECK, asset=ENCODER_ASSET, blocking=True,
+                      description="the checkpoint loads (weights_only) and reproduces the logged probe-batch embeddings"),
+]
+
+
+class HirEncoderRun(dg.Config):
+    nproc_per_node: int = 1  # > 1: launch with torchrun (DDP: gloo on CPU, nccl on GPU)
+    steps: int = 0  # 0: TrainConfig's default
+    threads: int = 0  # torch threads per process (0: torch's default)
+    levels: str = ""  # prototypes per level, coarse to fine, e.g. "4,12,36" ("": TrainConfig's default)
+
+
+def _latest_before(store: PartitionStore, key: str) -> str | None:
+    earlier = [p for p in store.partitions(ENCODER_ASSET) if p < key and (store.partition_dir(ENCODER_ASSET, p) / CHECKPOINT_FILE).is_file()]
+    return earlier[-1] if earlier else None
+
+
+def command(args: list[str], nproc: int) -> list[str]:
+    """The entry point, under torchrun when nproc > 1, else a plain python process."""
+    if nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
+                "hir_model.train.entry", *args]
+    return [sys.executable, "-m", "hir_model.train.entry", *args]
+
+
+def loss_plot(losses: list[float], parts: dict[str, list[float]]) -> str:
+    """Markdown with the loss curves as an inline base64 PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3), dpi=80)
+    ax.plot(losses, label="total")
+    for name, values in parts.items():
+        ax.plot(values, label=name, alpha=0.7)
+    ax.set_xlabel("step"), ax.legend(fontsize=7)
+    buf = io.BytesIO()
+    fig.tight_layout(), fig.savefig(buf, format="png"), plt.close(fig)
+    return f"![loss](data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()})"
+
+
+def reproduces_probe(checkpoint: Path, graph_dir: Path, events: Path | None, content: Path | None, metrics: dict) -> float:
+    """Max |difference| between the logged probe embeddings and the reloaded checkpoint's."""
+    import torch
+
+    from hir_model.train.checkpoint import load_checkpoint, load_trained_model
+    from hir_model.train.config import TrainConfig
+    from hir_model.train.data import load_train_data
+    from hir_model.train.trainer import embed_nodes
+
+    model = load_trained_model(checkpoint)
+    cfg = TrainConfig.from_dict(load_checkpoint(checkpoint)["extra"]["train_config"])
+    data = load_train_data(graph_dir, events, content)
+    again = embed_nodes(model.encoder, model.global_tokens, data, np.array(metrics["probe_nodes"], np.int64), cfg)
+    return float((again - torch.tensor(metrics["probe_embeddings"])).abs().max()) if len(again) else 0.0
+
+
+def check_results(metrics: dict, probe_error: float) -> list[dg.AssetCheckResult]:
+    losses, entropy = metrics["losses"], metrics["usage_entropy"]
+    finite = bool(losses) and bool(np.isfinite(losses).all())
+    k = max(1, min(3, len(losses) // 4))  # compare the means of the first and last k steps (one step is noisy)
+    first, last = (float(np.mean(losses[:k])), float(np.mean(losses[-k:]))) if losses else (-1.0, -1.0)
+    return [
+        dg.AssetCheckResult(check_name=LOSS_CHECK, passed=finite and last < first,
+                            metadata={"first_loss": first, "last_loss": last, "steps_averaged": k}),
+        dg.AssetCheckResult(check_name=COLLAPSE_CHECK, passed=bool(entropy) and min(entropy) > MIN_USAGE_ENTROPY,
+                            metadata={"usage_entropy": dg.MetadataValue.json(entropy), "threshold": MIN_USAGE_ENTROPY}),
+        dg.AssetCheckResult(check_name=REPRODUCE_CHECK, passed=probe_error <= PROBE_TOLERANCE,
+                            metadata={"max_abs_error": probe_error, "tolerance": PROBE_TOLERANCE}),
+    ]
+
+
+def build_training_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
+    @dg.asset(name=ENCODER_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch"}, check_specs=CHECK_SPECS,
+              deps=[dg.AssetDep(GRAPH_ASSET), dg.AssetDep(CONTENT_ASSET), dg.AssetDep(EVENTS_ASSET),
+                    dg.AssetDep(ENCODER_ASSET, partition_mapping=PREVIOUS)],
+              backfill_policy=dg.BackfillPolicy.multi_run(1), pool="gpu")
+    def hir_encoder(context: dg.AssetExecutionContext, config: HirEncoderRun, storage: PartitionStorage,
+                    pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
+        """Encoder + multi-level prototypes trained on data up to the window end, warm-started from t-1 (via Dagster Pipes)."""
+        key, store = context.partition_key, storage.store()
+        graph_dir = store.partition_dir(GRAPH_ASSET, key)
+        events = store.partition_dir(EVENTS_ASSET, key) / f"{EVENTS_FILE}.parquet"
+        content = store.partition_dir(CONTENT_ASSET, key) / "embeddings.parquet"
+        previous = _latest_before(store, key)
+        scratch = store.root / ENCODER_ASSET / f".running-{key}"  # survives a killed run: the next one resumes from it
+        scratch.mkdir(parents=True, exist_ok=True)
+        out = scratch / CHECKPOINT_FILE
+        args = ["--graph", str(graph_dir), "--out", str(out), "--window", key, "--events", str(events)]
+        args += ["--content", str(content)] if content.is_file() else []
+        args += ["--init", str(store.partition_dir(ENCODER_ASSET, previous) / CHECKPOINT_FILE)] if previous else []
+        args += ["--steps", str(config.steps)] if config.steps else []
+        args += ["--threads", str(config.threads)] if config.threads else []
+        args += ["--levels", config.levels] if config.levels else []
+        reported = pipes_subprocess_client.run(command=command(args, config.nproc_per_node), context=context).get_materialize_result()
+        metrics = json.loads(Path(f"{out}.metrics.json").read_text())
+        probe_error = reproduces_probe(out, graph_dir, events, content if content.is_file() else None, metrics)
+        with store.writing() as staging:
+            folder = staging.path(ENCODER_ASSET, key)
+            shutil.copyfile(out, folder / CHECKPOINT_FILE)
+            (folder / METRICS_FILE).write_text(json.dumps(metrics) + "\n")
+        shutil.rmtree(scratch, ignore_errors=True)
+        metadata = dict(reported.metadata or {})
+        metadata.update({
+            "loss_curve": dg.MetadataValue.md(loss_plot(metrics["losses"], metrics["parts"])),
+            "usage_entropy": dg.MetadataValue.json(metrics["usage_entropy"]),
+            "usage_share": dg.MetadataValue.json(metrics["usage_share"]),
+            "steps": metrics["window_steps"], "total_steps": metrics["step"],
+            "samples_per_s": round(metrics["samples_per_s"], 1), "attention_backend": metrics["backend"],
+            "warm_started_from": previous or "none (first window)", "nproc_per_node": config.nproc_per_node,
+            "version": metrics["version"], "path": dg.MetadataValue.path(store.uri(ENCODER_ASSET, key)),
+        })
+        return dg.MaterializeResult(metadata=metadata, check_results=check_results(metrics, probe_error))
+
+    return [hir_encoder]

@@ -1,0 +1,96 @@
+"""Training hyper-parameters: one frozen dataclass (nanoGPT style), plus the schedules derived from it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from hir_model.graph.sampler import ViewConfig
+from hir_model.nn import EncoderConfig
+
+# The views used for training. The sampler's NARROW/BROAD defaults (8x4 vs 16x8x4, up to 657 tokens) make the
+# teacher's dense [B, H, N, N] bias too slow for a 5-10 s CPU window; these keep the contrast (narrow: recent,
+# shallow, noisy; broad: full history, deeper) at ~1/5 of the tokens.
+TRAIN_NARROW = ViewConfig("narrow", fanout=(6, 3), max_age_days=14.0, edge_drop=0.2)  # <= 1 + 6 + 18 = 25 tokens
+TRAIN_BROAD = ViewConfig("broad", fanout=(8, 4, 2))  # <= 1 + 8 + 32 + 64 = 105 tokens
+
+# Engagement pair weights by event type: deeper funnel stages count more (they are drawn more often as positives).
+# `not_interested` is an explicit negative (weight of its own, sign -1); `interested` is a positive.
+PAIR_WEIGHTS: dict[str, float] = {"impression": 0.25, "click": 1.0, "add_to_cart": 2.0, "purchase": 4.0,
+                                  "interested": 2.0, "not_interested": 2.0}
+NEGATIVE_EVENTS: tuple[str, ...] = ("not_interested",)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    levels: tuple[int, ...] = (8, 32, 128)  # prototypes per level, coarse -> fine (MovieLens has ~1.7k movies + users)
+    steps: int = 12  # optimizer steps per window (~0.6 s each on 2 CPU cores: 5-10 s a window; warm-started from t-1, so a window refines)
+    batch_size: int = 64  # seeds per step (global, over all ranks): half engagement pairs (user, entity), half active nodes
+    lr: float = 2e-3  # AdamW peak learning rate (linear warm-up, cosine decay to lr/10)
+    warmup_steps: int = 5
+    weight_decay: float = 0.01
+    grad_clip: float = 3.0  # max global grad norm
+    momentum_start: float = 0.9  # teacher EMA momentum, cosine from start to end over the window's steps
+    momentum_end: float = 0.995
+    student_temp: float = 0.1  # softmax temperature of the student's prototype scores
+    teacher_temp: float = 0.05  # sharper teacher (DINO sharpening)
+    centre_momentum: float = 0.9  # EMA of the teacher's batch-mean scores (DINO centring)
+    consistency_temp: float = 0.1  # temperature of the derived fine -> coarse parent assignment
+    consistency_weight: float = 0.5  # weight of the fine -> coarse consistency term
+    engagement_weight: float = 1.0  # weight of the contrastive user-entity term
+    engagement_temp: float = 0.1  # InfoNCE temperature on cosine similarities
+    global_tokens: bool = True  # feed the coarse levels' prototypes (all but the finest) to the encoder as global tokens
+    shards: int = 1  # micro-batches per step: the loss is the mean over shards (DDP: one shard per rank)
+    checkpoint_every: int = 10  # write a resumable checkpoint every this many steps (0: only at the end)
+    probe_size: int = 16  # fixed probe batch whose embeddings are logged and re-checked after loading
+    metric_nodes: int = 512  # active nodes scored by the teacher at the end for the collapse metrics
+    seed: int = 0
+    narrow: ViewConfig = TRAIN_NARROW
+    broad: ViewConfig = TRAIN_BROAD
+    # a small encoder; the compiled dense-bias kernel costs ~7 s per process to compile: more than a window's training
+    encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(width=64, heads=4, layers=2, hash_hidden=128,
+                                                                         compile_dense_bias=False))
+
+    def __post_init__(self) -> None:
+        if len(self.levels) < 1 or any(k < 2 for k in self.levels) or list(self.levels) != sorted(self.levels):
+            raise ValueError(f"levels must be >= 2 prototypes each, coarse to fine (non-decreasing), got {self.levels}")
+        if self.batch_size % (2 * self.shards):
+            raise ValueError(f"batch_size {self.batch_size} must be a multiple of 2 * shards ({2 * self.shards})")
+        if self.steps < 1 or not 0 <= self.momentum_start <= self.momentum_end <= 1:
+            raise ValueError("steps >= 1 and 0 <= momentum_start <= momentum_end <= 1 are required")
+
+    @property
+    def global_levels(self) -> int:
+        """How many coarse levels enter the encoder as global tokens (0: none)."""
+        return len(self.levels) - 1 if self.global_tokens and len(self.levels) > 1 else 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["levels"] = list(self.levels)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        d = dict(d)
+        d["levels"] = tuple(d["levels"])
+        for view in ("narrow", "broad"):
+            v = dict(d[view])
+            v["fanout"] = tuple(v["fanout"])
+            d[view] = ViewConfig(**v)
+        d["encoder"] = EncoderConfig(**d["encoder"])
+        return cls(**d)
+
+
+def momentum_schedule(cfg: TrainConfig) -> np.ndarray:
+    """float64 [steps]: teacher EMA momentum per step (cosine from momentum_start to momentum_end)."""
+    t = np.arange(cfg.steps) / max(cfg.steps - 1, 1)
+    return cfg.momentum_end - (cfg.momentum_end - cfg.momentum_start) * (np.cos(np.pi * t) + 1) / 2
+
+
+def lr_schedule(cfg: TrainConfig) -> np.ndarray:
+    """float64 [steps]: linear warm-up to lr, cosine decay to lr / 10."""
+    s = np.arange(cfg.steps, dtype=np.float64)
+    warm = np.minimum(1.0, (s + 1) / max(cfg.warmup_steps, 1))
+    t = np.clip((s - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1), 0, 1)
+    return cfg.lr * warm * (0.1 + 0.9 * (np.cos(np.pi * t) + 1) / 2)

@@ -1,0 +1,118 @@
+"""A window's training inputs: the graph (as of the window end), content vectors by node, engagement pairs,
+active nodes; and the per-step seed and view sampling (deterministic by (seed, step, shard))."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from hir_model.graph.csr import Graph
+from hir_model.graph.sampler import sample
+from hir_model.graph.storage import load_graph
+from hir_model.graph.types import SampledBatch
+from hir_model.train.config import NEGATIVE_EVENTS, PAIR_WEIGHTS, TrainConfig
+
+
+@dataclass(frozen=True)
+class TrainData:
+    graph: Graph
+    cutoff_us: int  # the window end: nothing at or after it is sampled
+    active: np.ndarray  # int64 [A] nodes with an edge whose last_ts <= cutoff (the distillation seeds)
+    pair_user: np.ndarray  # int64 [P] user node of each engagement pair
+    pair_entity: np.ndarray  # int64 [P] entity node
+    pair_sign: np.ndarray  # int64 [P] +1 positive, -1 explicit negative
+    pair_prob: np.ndarray  # float64 [P] draw probability (deeper funnel stages weighted up)
+    content: np.ndarray | None = None  # float32 [N, C] content vector per node (0 where missing)
+    has_content: np.ndarray | None = None  # bool [N]
+
+    @property
+    def content_dim(self) -> int:
+        return 0 if self.content is None else self.content.shape[1]
+
+
+def active_nodes(graph: Graph, cutoff_us: int) -> np.ndarray:
+    ok = np.asarray(graph.last_ts) <= cutoff_us  # (E,)
+    src = np.repeat(np.arange(graph.num_nodes), np.diff(np.asarray(graph.indptr)))
+    return np.unique(src[ok]).astype(np.int64)
+
+
+def engagement_pairs(graph: Graph, events: Path | pa.Table | None, cutoff_us: int) -> tuple[np.ndarray, ...]:
+    """(user, entity, sign, prob) from raw_events (a parquet path or a table); events at or after the cutoff are dropped."""
+    empty = (np.zeros(0, np.int64),) * 3 + (np.zeros(0),)
+    if events is None or (not isinstance(events, pa.Table) and not Path(events).exists()):
+        return empty
+    t = events if isinstance(events, pa.Table) else pq.read_table(events, columns=["user_id", "entity_id", "event_type", "ts"])
+    t = t.filter(pc.less(t.column("ts").cast("int64"), cutoff_us))
+    if t.num_rows == 0:
+        return empty
+    user, entity = graph.nodes.index_of(t.column("user_id")), graph.nodes.index_of(t.column("entity_id"))
+    enc = pc.dictionary_encode(t.column("event_type").combine_chunks())  # few distinct types, many rows
+    names = enc.dictionary.to_pylist()
+    code = np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)
+    weight = np.array([PAIR_WEIGHTS.get(e, 0.0) for e in names])[code]
+    sign = np.array([-1 if e in NEGATIVE_EVENTS else 1 for e in names], np.int64)[code]
+    keep = (user >= 0) & (entity >= 0) & (weight > 0)
+    w = weight[keep]
+    return user[keep].astype(np.int64), entity[keep].astype(np.int64), sign[keep], w / w.sum() if len(w) else w
+
+
+def content_by_node(graph: Graph, content_path: Path | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """content_embeddings' fused `embedding` column aligned to graph nodes: (float32 [N, C], bool [N])."""
+    if content_path is None or not Path(content_path).exists():
+        return None, None
+    from hir_model.content.embed import to_matrix  # local: keeps the content towers' imports off the training path
+    t = pq.read_table(content_path, columns=["entity_id", "embedding"])
+    mat, valid = to_matrix(t.column("embedding"))  # (M, C), (M,)
+    node = graph.nodes.index_of(t.column("entity_id"))  # (M,), -1 when unknown to the graph
+    out, has = np.zeros((graph.num_nodes, mat.shape[1]), np.float32), np.zeros(graph.num_nodes, bool)
+    ok = (node >= 0) & valid
+    out[node[ok]], has[node[ok]] = mat[ok], True
+    return out, has
+
+
+def load_train_data(graph_dir: Path, events: Path | None = None, content: Path | None = None,
+                    cutoff_us: int | None = None) -> TrainData:
+    graph = load_graph(Path(graph_dir))
+    cutoff = graph.as_of_us if cutoff_us is None else int(cutoff_us)
+    user, entity, sign, prob = engagement_pairs(graph, events, cutoff)
+    mat, has = content_by_node(graph, content)
+    return TrainData(graph, cutoff, active_nodes(graph, cutoff), user, entity, sign, prob, mat, has)
+
+
+def with_content(batch: SampledBatch, data: TrainData) -> SampledBatch:
+    if data.content is None:
+        return batch
+    return replace(batch, content=data.content[batch.node], has_content=data.has_content[batch.node])
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One shard of one step: B seeds = P pair users + P pair entities + the rest active nodes."""
+    narrow: SampledBatch  # the student's view
+    broad: SampledBatch  # the teacher's view of the same seeds
+    pairs: int  # P: seeds[:P] are users, seeds[P:2P] their entities
+    sign: np.ndarray  # int64 [P]
+
+
+def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int) -> StepBatch:
+    """Shard `shard` of step `step`: the same on any rank or process (rng from (seed, step, shard))."""
+    rng = np.random.default_rng([cfg.seed, step, shard])
+    b = cfg.batch_size // cfg.shards
+    p = b // 4 if len(data.pair_user) else 0  # half the seeds come from pairs (P users + P entities)
+    idx = rng.choice(len(data.pair_user), size=p, p=data.pair_prob) if p else np.zeros(0, np.int64)
+    rest = rng.choice(data.active, size=b - 2 * p, replace=len(data.active) < b - 2 * p)
+    seeds = np.concatenate([data.pair_user[idx], data.pair_entity[idx], rest]).astype(np.int64)
+    narrow = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.narrow, rng), data)
+    broad = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.broad, rng), data)
+    return StepBatch(narrow, broad, p, data.pair_sign[idx])
+
+
+def view_of(data: TrainData, nodes: np.ndarray, cfg: TrainConfig, seed: int, broad: bool = True) -> SampledBatch:
+    """A deterministic view of given nodes (probe batches, metrics, embedding export)."""
+    rng = np.random.default_rng([cfg.seed, seed])
+    return with_content(sample(data.graph, np.asarray(nodes, np.int64), data.cutoff_us, cfg.broad if broad else cfg.narrow, rng), data)

@@ -1,0 +1,228 @@
+"""One window's training: student (narrow view) vs EMA teacher (broad view), resumable, warm-started from t-1.
+
+Never receives a Dagster context: it returns a `TrainResult` and the caller reports it. Under DDP (torch.distributed
+initialised by hir_model.train.entry) each rank computes one shard of the global batch; on one process the same
+shards run in turn, so both give the same gradients (the loss is the mean over shards).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hir_model.nn import collate
+from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
+from hir_model.train.data import TrainData, step_batch, view_of
+from hir_model.train.loss import DistillationLoss, engagement_loss, parent_assignment, usage_stats
+from hir_model.train.model import HIRModel, ema_update, make_teacher
+
+log = logging.getLogger("hir")
+PROBE_SEED = 7919  # the probe batch's view is sampled with rng (cfg.seed, PROBE_SEED)
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The training loss became NaN or inf: training stops rather than publish a broken model."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    window: str
+    step: int  # cumulative optimizer steps over all windows so far
+    window_steps: int  # steps of this window completed (== cfg.steps when done)
+    resumed_from: int  # window step it resumed from (0: fresh or warm start)
+    warm_started: bool
+    losses: list[float]  # total loss per step run in this call
+    parts: dict[str, list[float]]  # distill / consistency / engagement per step run
+    usage_entropy: list[float]  # per level, coarse -> fine: normalised entropy of the teacher's hard assignments
+    usage_share: list[float]  # per level: share of prototypes used at least once
+    seconds: float
+    samples_per_s: float
+    backend: str
+    probe_nodes: list[int] = field(default_factory=list)
+    probe_embeddings: list[list[float]] = field(default_factory=list)  # (probe_size, W) of the exported (teacher) model
+    version: str = ""
+    weights_digest: str = ""  # sha256 of the student's weights on this rank (DDP ranks must agree)
+
+
+def _dist() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _all_reduce_mean(x: float, device: torch.device) -> float:
+    rank, world = _dist()
+    if world == 1:
+        return x
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t)
+    return float(t) / world
+
+
+@torch.no_grad()
+def embed_nodes(model: HIRModel | torch.nn.Module, global_tokens: Tensor | None, data: TrainData, nodes: np.ndarray,
+                cfg: TrainConfig, seed: int = PROBE_SEED, chunk: int = 128) -> Tensor:
+    """(M, W) embeddings of `nodes` on their broad view (deterministic by seed), the encoder in eval mode."""
+    encoder = model.encoder if isinstance(model, HIRModel) else model
+    device = next(encoder.parameters()).device
+    was = encoder.training
+    encoder.eval()
+    out = [encoder(collate(view_of(data, nodes[i:i + chunk], cfg, seed + i)).to(device), global_tokens).cpu()
+           for i in range(0, len(nodes), chunk)]
+    encoder.train(was)
+    return torch.cat(out) if out else torch.zeros(0, encoder.cfg.width)
+
+
+def probe_nodes(data: TrainData, cfg: TrainConfig) -> np.ndarray:
+    rng = np.random.default_rng([cfg.seed, PROBE_SEED])
+    return np.sort(rng.permutation(data.active)[: cfg.probe_size])
+
+
+def _state(student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, opt: torch.optim.Optimizer, cfg: TrainConfig,
+           window: str, window_step: int, base_step: int, complete: bool, extra: dict) -> dict:
+    protos = teacher.normalised_prototypes()
+    parents = [parent_assignment(protos[l], protos[l - 1], cfg.consistency_temp).argmax(-1).cpu() for l in range(1, len(protos))]
+    return dict(path_args=(teacher.encoder, protos, base_step + window_step),
+                optimizer=opt.state_dict(), window=window,
+                extra={"train_config": cfg.to_dict(), "student": _cpu(student.state_dict()), "teacher": _cpu(teacher.state_dict()),
+                       "loss": _cpu(loss_fn.state_dict()), "window_step": window_step, "base_step": base_step, "complete": complete,
+                       "global_levels": cfg.global_levels, "parents": parents, **extra})
+
+
+def _cpu(state: dict) -> dict:
+    return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def _save(path: Path, state: dict) -> str:
+    encoder, protos, step = state.pop("path_args")
+    return save_checkpoint(path, encoder, protos, step, optimizer=state["optimizer"], extra=state["extra"], window=state["window"])
+
+
+def _load_into(payload: dict, student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, cfg: TrainConfig) -> None:
+    extra = payload.get("extra", {})
+    old = extra.get("train_config")
+    if old is not None and (tuple(old["levels"]) != cfg.levels or TrainConfig.from_dict(old).encoder != cfg.encoder):
+        raise CheckpointError(f"checkpoint was trained with levels {old['levels']} / encoder {old['encoder']}, "
+                              f"this run uses {cfg.levels} / {cfg.encoder}: start from scratch (no --init)")
+    if "student" in extra:
+        student.load_state_dict(extra["student"])
+        teacher.load_state_dict(extra["teacher"])
+        loss_fn.load_state_dict(extra["loss"])
+    else:  # a bare checkpoint (encoder + prototypes only): both start from it
+        for m in (student, teacher):
+            m.encoder.load_state_dict(payload["model"])
+            with torch.no_grad():
+                for p, q in zip(m.prototypes, payload["prototypes"]):
+                    p.copy_(q)
+
+
+def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, init: Path | None = None, window: str = "",
+                 stop_after: int | None = None) -> TrainResult:
+    """Train on one window's data; resume from `out` if it holds this window's unfinished run, else warm-start from
+    `init` (the previous window's checkpoint) or start fresh. `stop_after` stops after that many window steps
+    (simulates a kill: the checkpoint at `out` is then resumable)."""
+    rank, world = _dist()
+    if world > 1:
+        cfg = replace(cfg, shards=world)
+    torch.manual_seed(cfg.seed)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    cfg_model = replace(cfg, encoder=replace(cfg.encoder, content_dim=data.content_dim))
+    student = HIRModel(cfg_model).to(device)
+    teacher = make_teacher(student)
+    loss_fn = DistillationLoss(cfg).to(device)
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start, base_step, warm = 0, 0, False
+    resume = None
+    if out is not None and Path(out).is_file():
+        payload = load_checkpoint(out)
+        if payload.get("window") == window and not payload["extra"].get("complete", True):
+            resume = payload
+    if resume is not None:
+        _load_into(resume, student, teacher, loss_fn, cfg_model)
+        opt.load_state_dict(resume["optimizer"])
+        start, base_step = int(resume["extra"]["window_step"]), int(resume["extra"]["base_step"])
+        log.info("resuming %s from window step %d", window, start)
+    elif init is not None:
+        payload = load_checkpoint(init)
+        _load_into(payload, student, teacher, loss_fn, cfg_model)
+        base_step, warm = int(payload["step"]), True
+    model = student
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(student, device_ids=[local] if device.type == "cuda" else None)
+    lrs, moms = lr_schedule(cfg), momentum_schedule(cfg)
+    shards = [rank] if world > 1 else list(range(cfg.shards))
+    losses, parts = [], {"distill": [], "consistency": [], "engagement": []}
+    end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
+    t0 = time.perf_counter()
+    for s in range(start, end):
+        for g in opt.param_groups:
+            g["lr"] = float(lrs[s])
+        opt.zero_grad(set_to_none=True)
+        t_all, acc = [], np.zeros(4)
+        for sh in shards:
+            sb = step_batch(data, cfg, base_step + s, sh)
+            with torch.no_grad():
+                _, t_scores = teacher(collate(sb.broad).to(device))  # per level (b, K_l)
+            z, s_scores = model(collate(sb.narrow).to(device))  # (b, W), per level (b, K_l)
+            distill = loss_fn.distill(s_scores, loss_fn.targets(t_scores))
+            cons = loss_fn.consistency(s_scores, list(student.prototypes))
+            p = sb.pairs
+            eng = engagement_loss(z[:p], z[p:2 * p], torch.from_numpy(sb.sign).to(device), cfg.engagement_temp) if p else z.new_zeros(())
+            loss = distill + cfg.consistency_weight * cons + cfg.engagement_weight * eng
+            (loss / len(shards)).backward()
+            acc += np.array([loss.item(), distill.item(), cons.item(), eng.item()]) / len(shards)
+            t_all.append(t_scores)
+        total = _all_reduce_mean(float(acc[0]), device)
+        if not np.isfinite(total):
+            raise NonFiniteLoss(f"non-finite loss {total} at window step {s} (distill {acc[1]}, consistency {acc[2]}, "
+                                f"engagement {acc[3]}): stopping")
+        torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
+        opt.step()
+        ema_update(teacher, student, float(moms[s]))
+        loss_fn.update_centre([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.levels))], cfg.batch_size)
+        losses.append(total)
+        for k, v in zip(parts, acc[1:]):
+            parts[k].append(_all_reduce_mean(float(v), device))
+        if rank == 0 and out is not None and cfg.checkpoint_every and (s + 1) % cfg.checkpoint_every == 0 and s + 1 < cfg.steps:
+            _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, s + 1, base_step, False, {}))
+    seconds = time.perf_counter() - t0
+    done = end >= cfg.steps
+    backend = getattr(student.encoder.last_choice, "backend", "none")
+    digest = hashlib.sha256(b"".join(v.detach().cpu().contiguous().numpy().tobytes() for v in student.state_dict().values()))
+    result = TrainResult(window, base_step + end, end, start, warm, losses, parts, [], [], seconds,
+                         cfg.batch_size * (end - start) / max(seconds, 1e-9), backend, weights_digest=digest.hexdigest()[:16])
+    if rank != 0:
+        return result
+    entropy, share = collapse_metrics(teacher, data, cfg)
+    nodes = probe_nodes(data, cfg)
+    probe = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg)
+    result = replace(result, usage_entropy=entropy, usage_share=share, probe_nodes=nodes.tolist(), probe_embeddings=probe.tolist())
+    if out is not None:
+        extra = {"probe_nodes": torch.from_numpy(nodes), "probe_embeddings": probe, "losses": torch.tensor(losses)}
+        version = _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, end, base_step, done, extra))
+        result = replace(result, version=version)
+    return result
+
+
+@torch.no_grad()
+def assignments(model: HIRModel, data: TrainData, nodes: np.ndarray, cfg: TrainConfig) -> list[np.ndarray]:
+    """Per level (coarse -> fine): int64 [M] hard prototype assignment of each node (teacher scores, broad view)."""
+    z = embed_nodes(model, model.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 1)  # (M, W)
+    return [(z @ p.cpu().T).argmax(-1).numpy() for p in model.normalised_prototypes()]
+
+
+def collapse_metrics(model: HIRModel, data: TrainData, cfg: TrainConfig) -> tuple[list[float], list[float]]:
+    rng = np.random.default_rng([cfg.seed, PROBE_SEED + 2])
+    nodes = rng.permutation(data.active)[: cfg.metric_nodes]
+    stats = [usage_stats(torch.from_numpy(a), k) for a, k in zip(assignments(model, data, nodes, cfg), cfg.levels)]
+    return [round(e, 4) for e, _ in stats], [round(s, 4) for _, s in stats]

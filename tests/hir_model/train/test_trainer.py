@@ -1,0 +1,103 @@
+"""Trainer: EMA teacher, non-finite stop, resume after a kill, warm start, 2-process gloo DDP vs one process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hir_model.train.checkpoint import load_checkpoint, load_trained_model
+from hir_model.train.data import view_of
+from hir_model.train.model import HIRModel, ema_update, make_teacher
+from hir_model.train.trainer import NonFiniteLoss, embed_nodes, train_window
+from tests.hir_model.train.tiny import tiny_config, tiny_data
+
+
+def test_teacher_gets_no_gradient_and_follows_the_student_by_ema():
+    cfg = tiny_config()
+    student = HIRModel(cfg)
+    teacher = make_teacher(student)
+    assert all(not p.requires_grad for p in teacher.parameters())
+    data, _ = tiny_data()
+    from hir_model.nn import collate
+    batch = collate(view_of(data, data.active[:4], cfg, 0))
+    (student(batch)[0].sum() + teacher(batch)[0].sum()).backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    before = [p.clone() for p in teacher.parameters()]
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(1.0)
+    ema_update(teacher, student, 0.9)
+    for b, t, s in zip(before, teacher.parameters(), student.parameters()):
+        torch.testing.assert_close(t, 0.9 * b + 0.1 * s)
+
+
+def test_non_finite_loss_raises():
+    data, _ = tiny_data()
+    with pytest.raises(NonFiniteLoss, match="non-finite loss"):
+        train_window(data, tiny_config(lr=float("inf"), steps=3, warmup_steps=1))
+
+
+def test_training_reports_metrics_and_the_checkpoint_reproduces_the_probe(tmp_path):
+    data, _ = tiny_data()
+    cfg = tiny_config()
+    r = train_window(data, cfg, tmp_path / "c.pt", window="w0")
+    assert r.window_steps == cfg.steps and len(r.losses) == cfg.steps and np.isfinite(r.losses).all()
+    assert len(r.usage_entropy) == len(cfg.levels) and r.backend == "dense" and r.samples_per_s > 0
+    model = load_trained_model(tmp_path / "c.pt")
+    assert model.levels == cfg.levels and model.global_levels == cfg.global_levels and model.window == "w0"
+    again = embed_nodes(model.encoder, model.global_tokens, data, np.array(r.probe_nodes), cfg)
+    torch.testing.assert_close(again, torch.tensor(r.probe_embeddings), atol=1e-5, rtol=1e-5)
+
+
+def test_kill_and_resume_reaches_the_same_final_step_and_weights(tmp_path):
+    data, _ = tiny_data()
+    cfg = tiny_config(steps=4, checkpoint_every=2)
+    full = train_window(data, cfg, tmp_path / "full.pt", window="w0")
+    killed = train_window(data, cfg, tmp_path / "k.pt", window="w0", stop_after=2)  # "killed" after 2 steps
+    assert killed.window_steps == 2 and not load_checkpoint(tmp_path / "k.pt")["extra"]["complete"]
+    resumed = train_window(data, cfg, tmp_path / "k.pt", window="w0")
+    assert resumed.resumed_from == 2 and resumed.window_steps == cfg.steps == full.window_steps
+    assert resumed.weights_digest == full.weights_digest or torch.allclose(
+        torch.tensor(resumed.probe_embeddings), torch.tensor(full.probe_embeddings), atol=1e-5)
+    assert load_checkpoint(tmp_path / "k.pt")["extra"]["complete"]
+
+
+def test_warm_start_continues_the_step_count(tmp_path):
+    data, _ = tiny_data()
+    cfg = tiny_config(steps=2)
+    first = train_window(data, cfg, tmp_path / "a.pt", window="w0")
+    second = train_window(data, cfg, tmp_path / "b.pt", init=tmp_path / "a.pt", window="w1")
+    assert second.warm_started and second.step == first.step + cfg.steps
+    payload = load_checkpoint(tmp_path / "b.pt")
+    assert payload["step"] == 4 and payload["window"] == "w1" and "centre0" in payload["extra"]["loss"]
+
+
+def _ddp_worker(rank: int, world: int, init_file: str, out: str, queue) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    data, _ = tiny_data()
+    r = train_window(data, tiny_config(steps=3, shards=world), Path(out) if rank == 0 else None, window="w0")
+    queue.put((rank, r.weights_digest, r.losses))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_process_gloo_ddp_matches_one_process(tmp_path):
+    ctx = torch.multiprocessing.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    torch.multiprocessing.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path / "ddp.pt"), queue), nprocs=2)
+    got = dict((rank, (digest, losses)) for rank, digest, losses in (queue.get() for _ in range(2)))
+    assert got[0][0] == got[1][0]  # identical weights on both ranks
+    data, _ = tiny_data()
+    single = train_window(data, tiny_config(steps=3, shards=2), tmp_path / "one.pt", window="w0")
+    np.testing.assert_allclose(single.losses, got[0][1], rtol=1e-4, atol=1e-5)
+    a, b = load_checkpoint(tmp_path / "ddp.pt"), load_checkpoint(tmp_path / "one.pt")
+    for k, v in a["extra"]["student"].items():
+        torch.testing.assert_close(v, b["extra"]["student"][k], atol=1e-4, rtol=1e-3)
