@@ -1,0 +1,110 @@
+"""Hierarchy stage: entity_embeddings (every entity in one metric space) and interest_hierarchy (primitives,
+assignments with stable ids, super-graph, labels)."""
+
+import dagster as dg
+import numpy as np
+
+from dagster_project.partitions import window_of
+from dagster_project.resources import PartitionStorage
+from hir_model.data.tables import CATALOG_ASSET
+from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
+from hir_model.graph.window import GRAPH_ASSET, to_us
+from hir_model.hierarchy import ASSIGNMENTS_FILE, PRIMITIVES_FILE, SUPER_GRAPH_FILE, AssignConfig, HierarchyConfig
+from hir_model.hierarchy.window import (CONTENT_ASSET, EMBEDDINGS_ASSET, ENCODER_ASSET, HIERARCHY_ASSET, embed_window,
+                                        hierarchy_window, unit_norm_error)
+
+GROUP = "hierarchy"
+FINITE_UNIT_CHECK = "embeddings_finite_unit_norm"
+COLD_START_CHECK = "cold_start_present"
+ASSIGNED_CHECK = "every_entity_assigned"
+NORM_TOLERANCE = 1e-3
+PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+
+
+class EntityEmbeddingsRun(dg.Config):
+    batch_size: int = 32  # seeds per forward pass (broad view: up to 657 tokens each)
+
+
+class InterestHierarchyRun(dg.Config):
+    temperature: float = 0.1  # softmax temperature over prototype similarity
+    top_k: int = 3  # primitives kept per entity per level
+    min_similarity: float = 0.5  # a prototype keeps its predecessor's id only when at least this similar
+
+
+def _result(asset: str, name: str, passed: bool, description: str, **metadata) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(asset_key=asset, check_name=name, passed=bool(passed), description=description, metadata=metadata)
+
+
+def _previous_with(store, asset: str, key: str, filename: str) -> str | None:
+    """The latest partition before `key` holding `filename` (t-1 unless t-1 was never run)."""
+    earlier = [p for p in store.partitions(asset) if p < key and store.exists(asset, p, filename)]
+    return earlier[-1] if earlier else None
+
+
+def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
+    @dg.asset(name=EMBEDDINGS_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch", "parquet"},
+              deps=[ENCODER_ASSET, GRAPH_ASSET, CONTENT_ASSET, CATALOG_ASSET], check_specs=[
+                  dg.AssetCheckSpec(FINITE_UNIT_CHECK, asset=EMBEDDINGS_ASSET, blocking=True,
+                                    description="every embedding is finite with unit L2 norm"),
+                  dg.AssetCheckSpec(COLD_START_CHECK, asset=EMBEDDINGS_ASSET, blocking=True,
+                                    description="every user, product, advertiser and campaign of the catalogue has a row, "
+                                                "cold-start ones (no edge yet) included")])
+    def entity_embeddings(context: dg.AssetExecutionContext, config: EntityEmbeddingsRun,
+                          storage: PartitionStorage) -> dg.MaterializeResult:
+        """Every user, product, advertiser and campaign in one metric space; cold-start ones from content and type alone."""
+        window, store = window_of(context), storage.store()
+        build = embed_window(store, window.key, to_us(window.end), EmbedConfig(batch_size=config.batch_size))
+        emb = build.embeddings
+        with store.writing() as staging:
+            staging.write_table(EMBEDDINGS_ASSET, window.key, EMBEDDINGS_FILE, embeddings_table(emb))
+        bad, norm_err = unit_norm_error(emb)
+        types, counts = np.unique(emb.entity_type.astype(str), return_counts=True)
+        checks = [
+            _result(EMBEDDINGS_ASSET, FINITE_UNIT_CHECK, bad == 0 and norm_err <= NORM_TOLERANCE,
+                    f"{bad} non-finite rows; max |norm - 1| = {norm_err:.2e}", nonfinite=bad, max_norm_error=norm_err),
+            _result(EMBEDDINGS_ASSET, COLD_START_CHECK, not build.missing,
+                    f"{int(emb.cold_start.sum())} cold-start rows; {len(build.missing)} of {build.expected} catalogue entities "
+                    f"without a row: {build.missing or 'none'}", cold_start=int(emb.cold_start.sum()), expected=build.expected),
+        ]
+        return dg.MaterializeResult(check_results=checks, metadata={
+            "dagster/row_count": len(emb), "by_type": {t: int(c) for t, c in zip(types, counts)},
+            "cold_start": int(emb.cold_start.sum()), "no_engagement_edge": build.no_engagement,
+            "width": int(emb.vectors.shape[1]), "model_version": build.model_version, "seconds": round(emb.seconds, 2),
+            "entities_per_s": round(len(emb) / max(emb.seconds, 1e-9), 1),
+            "path": dg.MetadataValue.path(store.uri(EMBEDDINGS_ASSET, window.key))})
+
+    @dg.asset(name=HIERARCHY_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"},
+              deps=[EMBEDDINGS_ASSET, ENCODER_ASSET, GRAPH_ASSET, CATALOG_ASSET, dg.AssetDep(HIERARCHY_ASSET, partition_mapping=PREVIOUS)],
+              check_specs=[dg.AssetCheckSpec(ASSIGNED_CHECK, asset=HIERARCHY_ASSET, blocking=True,
+                                             description="every embedded entity has top-k primitives at every level")],
+              backfill_policy=dg.BackfillPolicy.multi_run(1))  # window t matches its ids to window t-1's
+    def interest_hierarchy(context: dg.AssetExecutionContext, config: InterestHierarchyRun,
+                           storage: PartitionStorage) -> dg.MaterializeResult:
+        """Multi-level interest primitives: soft top-k assignments, super-graph, ids stable across windows, labels."""
+        window, store = window_of(context), storage.store()
+        prev_key = _previous_with(store, HIERARCHY_ASSET, window.key, PRIMITIVES_FILE)
+        cfg = HierarchyConfig(AssignConfig(config.temperature, config.top_k), config.min_similarity)
+        h = hierarchy_window(store, window.key, prev_key, to_us(window.end), cfg)
+        with store.writing() as staging:
+            for name, file in (("assignments", ASSIGNMENTS_FILE), ("primitives", PRIMITIVES_FILE), ("super_graph", SUPER_GRAPH_FILE)):
+                staging.write_table(HIERARCHY_ASSET, window.key, file, h.tables[name])
+        n = len(h.levels[0].primitive) if h.levels else 0
+        complete = all(len(a.primitive) == n and (a.weight > 0).all() for a in h.levels)
+        check = _result(HIERARCHY_ASSET, ASSIGNED_CHECK, complete and n > 0,
+                        f"{n} entities x {len(h.levels)} levels, top-{config.top_k} each")
+        per_level = lambda f: {f"L{i}": f(i) for i in range(len(h.levels))}  # noqa: E731
+        return dg.MaterializeResult(check_results=[check], metadata={
+            "entities": n, "primitives": per_level(lambda i: h.levels[i].num_primitives),
+            "primitives_used": per_level(lambda i: int((h.levels[i].sizes() > 0).sum())),
+            "raw_density": h.super_graphs[0].raw_density if h.super_graphs else 0.0,
+            "super_graph_density": per_level(lambda i: round(h.super_graphs[i].density, 6)),
+            "density_ratio": per_level(lambda i: round(h.super_graphs[i].density_ratio, 2)),
+            "super_graph_edges": per_level(lambda i: len(h.super_graphs[i].src)),
+            "previous_partition": prev_key or "none (fresh ids)",
+            "share_matched": per_level(lambda i: round(h.ids[i].share_matched, 4)),
+            "ari_vs_previous": per_level(lambda i: None if h.ari[i] is None else round(h.ari[i], 4)),
+            "entities_in_both_windows": h.common_entities,
+            "top_primitives": dg.MetadataValue.md(h.markdown()),
+            "path": dg.MetadataValue.path(store.uri(HIERARCHY_ASSET, window.key))})
+
+    return [entity_embeddings, interest_hierarchy]

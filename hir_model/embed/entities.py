@@ -1,0 +1,151 @@
+"""Embed every entity known by the window end with the window's `TrainedModel` (broad view at cutoff = window end).
+
+Warm entities (at least one edge of any type at the cutoff: an engagement, a parent, a relation) are embedded from their
+sampled neighbourhood (the teacher's broad view, the one the prototypes were fitted on). Cold-start entities (no edge yet) are embedded from a
+single-token sequence: their own token only, i.e. content vector + type (+ the id's deep-hash code, which for an id the
+model never trained on is just a fixed offset), and flagged `cold_start`. Inference runs under `torch.inference_mode` with
+the encoder's automatic backend choice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from hir_model.content import to_matrix
+from hir_model.graph.csr import IS_ENGAGEMENT, Graph
+from hir_model.graph.sampler import BROAD, ViewConfig, sample
+from hir_model.graph.types import NODE_TYPES, SELF_EDGE, SampledBatch
+from hir_model.nn import collate
+from hir_model.train.checkpoint import TrainedModel
+
+EMBEDDED_TYPES = ("user", "product", "advertiser", "campaign")
+EMBEDDINGS_FILE = "embeddings"
+
+
+def embeddings_schema(dim: int) -> pa.Schema:
+    """The published `entity_embeddings` table (DESIGN.md section 2, plus `cold_start`); move to data_contracts/schemas.py."""
+    return pa.schema([
+        pa.field("entity_id", pa.string(), nullable=False),
+        pa.field("entity_type", pa.string(), nullable=False),
+        pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),  # unit L2 norm
+        pa.field("cold_start", pa.bool_(), nullable=False),  # no edge by the window end: embedded from content + type only
+    ])
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    view: ViewConfig = BROAD  # the neighbourhood view of warm entities (the teacher's)
+    batch_size: int = 32  # seeds per forward; the broad view has up to 1 + 16 + 128 + 512 tokens per seed
+    cold_batch_size: int = 4096  # single-token sequences per forward
+    seed: int = 0  # the sampler's rng: the same inputs give the same embeddings
+    entity_types: tuple[str, ...] = EMBEDDED_TYPES
+
+
+@dataclass(frozen=True)
+class EntityEmbeddings:
+    entity_id: np.ndarray  # object [N] str
+    entity_type: np.ndarray  # object [N] str
+    vectors: np.ndarray  # float32 [N, W], unit rows
+    cold_start: np.ndarray  # bool [N]
+    node: np.ndarray  # int64 [N], the graph's node index
+    seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.entity_id)
+
+    def rows(self, ids) -> np.ndarray:
+        """int64 [n]: the row of each id, -1 where it has none."""
+        lookup = {e: i for i, e in enumerate(self.entity_id)}
+        return np.array([lookup.get(e, -1) for e in ids], np.int64)
+
+
+def visible_degree(graph: Graph, cutoff_us: int, engagement_only: bool = False) -> np.ndarray:
+    """int64 [N]: edges of each node with last_ts <= cutoff (every type, or engagement edges only)."""
+    visible = np.asarray(graph.last_ts) <= cutoff_us
+    if engagement_only:
+        visible &= IS_ENGAGEMENT[np.asarray(graph.edge_type, np.int64)]
+    return np.bincount(graph.src()[visible], minlength=graph.num_nodes)
+
+
+def _content_lookup(graph: Graph, content: pa.Table | None, dim: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(matrix [M, C] float32, row [N] int64 node -> matrix row or -1) when the encoder reads content, else None."""
+    if dim == 0 or content is None:
+        return None
+    matrix, valid = to_matrix(content.column("embedding"))
+    if matrix.shape[1] != dim:
+        raise ValueError(f"content vectors have {matrix.shape[1]} dims, the encoder expects {dim}")
+    rows = graph.nodes.index_of(content.column("entity_id"))  # (M,) node of each content row
+    node_row = np.full(graph.num_nodes, -1, np.int64)
+    keep = (rows >= 0) & valid
+    node_row[rows[keep]] = np.nonzero(keep)[0]
+    return np.nan_to_num(matrix), node_row
+
+
+def _with_content(batch: SampledBatch, lookup: tuple[np.ndarray, np.ndarray] | None) -> SampledBatch:
+    if lookup is None:
+        return batch
+    matrix, node_row = lookup
+    row = node_row[batch.node]  # (T,)
+    has = row >= 0
+    return replace(batch, content=matrix[np.where(has, row, 0)], has_content=has)
+
+
+def single_token_batch(graph: Graph, seeds: np.ndarray, cutoff_us: int) -> SampledBatch:
+    """One sequence per seed holding only the seed's token (depth 0, no edges): content + type + id code."""
+    b = len(seeds)
+    return SampledBatch(
+        offsets=np.arange(b + 1, dtype=np.int64), seeds=seeds, node=seeds, hash_codes=np.asarray(graph.nodes.hash_codes)[seeds],
+        node_type=np.asarray(graph.nodes.node_type, np.int64)[seeds], depth=np.zeros(b, np.int64),
+        ancestors=np.zeros((b, 1), np.int64), edge_type=np.full(b, SELF_EDGE, np.int64), edge_age=np.zeros(b, np.float32),
+        cutoff_us=int(cutoff_us))
+
+
+@torch.inference_mode()
+def _encode(model: TrainedModel, batches, lookup) -> np.ndarray:
+    glob = getattr(model, "global_tokens", None)  # (G, W) prototypes as global tokens, as in training (None: none)
+    out = [model.encoder(collate(_with_content(b, lookup)), glob).float().cpu().numpy() for b in batches]  # (B, W) each
+    return np.concatenate(out) if out else np.zeros((0, model.encoder.cfg.width), np.float32)
+
+
+def embed_entities(model: TrainedModel, graph: Graph, cutoff_us: int, content: pa.Table | None = None,
+                   config: EmbedConfig = EmbedConfig()) -> EntityEmbeddings:
+    """Embed every node of an embedded type first seen before `cutoff_us` (the window end)."""
+    start = time.perf_counter()
+    types = np.asarray(graph.nodes.node_type, np.int64)
+    wanted = np.isin(types, [NODE_TYPES.index(t) for t in config.entity_types])
+    nodes = np.nonzero(wanted & (np.asarray(graph.nodes.first_seen_us) < cutoff_us))[0].astype(np.int64)
+    cold = visible_degree(graph, cutoff_us)[nodes] == 0
+    lookup = _content_lookup(graph, content, model.encoder.cfg.content_dim)
+    vectors = np.zeros((len(nodes), model.encoder.cfg.width), np.float32)
+    rng = np.random.default_rng(config.seed)
+    warm = nodes[~cold]
+    vectors[~cold] = _encode(model, (sample(graph, warm[i:i + config.batch_size], cutoff_us, config.view, rng)
+                                     for i in range(0, len(warm), config.batch_size)), lookup)
+    cold_nodes = nodes[cold]
+    vectors[cold] = _encode(model, (single_token_batch(graph, cold_nodes[i:i + config.cold_batch_size], cutoff_us)
+                                    for i in range(0, len(cold_nodes), config.cold_batch_size)), lookup)
+    ids = np.asarray(graph.nodes.entity_id.take(pa.array(nodes)).to_numpy(zero_copy_only=False), object)
+    return EntityEmbeddings(ids, np.array([NODE_TYPES[t] for t in types[nodes]], object), vectors, cold, nodes,
+                            time.perf_counter() - start)
+
+
+def embeddings_table(emb: EntityEmbeddings) -> pa.Table:
+    dim = emb.vectors.shape[1]
+    flat = pa.array(np.ascontiguousarray(emb.vectors, np.float32).reshape(-1))
+    return pa.table([pa.array(list(emb.entity_id), pa.string()), pa.array(list(emb.entity_type), pa.string()),
+                     pa.FixedSizeListArray.from_arrays(flat, dim), pa.array(emb.cold_start, pa.bool_())],
+                    schema=embeddings_schema(dim))
+
+
+def read_embeddings(table: pa.Table) -> EntityEmbeddings:
+    """The published table back as arrays (node indices are not published: -1)."""
+    vectors, _ = to_matrix(table.column("embedding"))
+    n = table.num_rows
+    return EntityEmbeddings(np.asarray(table.column("entity_id").to_pylist(), object),
+                            np.asarray(table.column("entity_type").to_pylist(), object), vectors,
+                            np.asarray(table.column("cold_start").to_pylist(), bool), np.full(n, -1, np.int64))

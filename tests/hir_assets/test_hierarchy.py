@@ -1,0 +1,99 @@
+"""entity_embeddings, interest_hierarchy and bom_index materialised with Dagster on the bring-your-own fixture, and
+`hir retrieve` on the result.
+
+`hir_encoder` (training) lands separately, so these tests fabricate its partition: a randomly initialised Encoder and
+random unit prototypes written with `save_checkpoint` into `hir_encoder/<key>/checkpoint.pt`. They test the wiring, the
+checks and the files, not the quality of the embeddings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import torch
+
+from dagster_project.partitions import window_partitions
+from dagster_project.resources import LocalPartitionStorage, SourceResource
+from hir_assets.events import build_ingest_assets
+from hir_assets.graph import build_graph_assets
+from hir_assets.hierarchy import ASSIGNED_CHECK, COLD_START_CHECK, FINITE_UNIT_CHECK, build_hierarchy_assets
+from hir_assets.index import POSTING_SHARE_CHECK, RECALL_CHECK, TOKENS_PER_LEVEL_CHECK, build_index_assets
+from hir_model import cli
+from hir_model.config import HIRConfig
+from hir_model.hierarchy.window import EMBEDDINGS_ASSET, HIERARCHY_ASSET, checkpoint_path
+from hir_model.nn import Encoder, EncoderConfig
+from hir_model.retrieval.window import BOM_ASSET
+from hir_model.storage import PartitionStore
+from hir_model.train.checkpoint import save_checkpoint
+
+KEYS = ["2024-01-07", "2024-01-14"]
+MINE = [EMBEDDINGS_ASSET, HIERARCHY_ASSET, BOM_ASSET]
+RUN_CONFIG = {"ops": {BOM_ASSET: {"config": {"max_posting_share": 1.0}}}}  # 4 items: a 5% cap would keep 1 per token
+
+
+def fake_checkpoint(store: PartitionStore, key: str) -> None:
+    """Random weights in the hir_encoder partition folder (training is another issue: this tests wiring, not quality)."""
+    torch.manual_seed(0)
+    enc = Encoder(EncoderConfig(layers=1, heads=2, width=16, hash_hidden=16, compile_dense_bias=False))
+    protos = [torch.nn.functional.normalize(torch.randn(k, 16), dim=-1) for k in (2, 3)]
+    path = checkpoint_path(store, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(path, enc, protos, step=0, window=key)
+
+
+@pytest.fixture
+def materialised(byo: Path, tmp_path: Path):
+    config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(tmp_path / "store"),
+                       data_dir=tmp_path / "data")
+    partitions = window_partitions(config.window_spec())
+    assets = build_ingest_assets(partitions) + build_graph_assets(partitions) + build_hierarchy_assets(partitions) + \
+        build_index_assets(partitions)
+    job = dg.Definitions(assets=assets, resources={"storage": LocalPartitionStorage(root=config.storage_uri),
+                                                   "source": SourceResource.from_config(config)}).resolve_implicit_global_asset_job_def()
+    store, instance = PartitionStore(config.storage_uri), dg.DagsterInstance.ephemeral()
+    results = []
+    for key in KEYS:
+        fake_checkpoint(store, key)
+        results.append(job.execute_in_process(partition_key=key, instance=instance, run_config=RUN_CONFIG, raise_on_error=False))
+    return config, store, results
+
+
+def metadata(result, asset: str) -> dict:
+    (mat,) = [e.event_specific_data.materialization for e in result.get_asset_materialization_events()
+              if e.asset_key.to_user_string() == asset]
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
+def test_assets_materialise_and_pass_checks(materialised):
+    _, store, results = materialised
+    for r in results:
+        assert r.success
+        evals = {e.check_name: e for e in r.get_asset_check_evaluations() if e.asset_key.to_user_string() in MINE}
+        assert set(evals) == {FINITE_UNIT_CHECK, COLD_START_CHECK, ASSIGNED_CHECK, TOKENS_PER_LEVEL_CHECK, POSTING_SHARE_CHECK,
+                              RECALL_CHECK}
+        assert all(e.passed for e in evals.values()), {k: e.description for k, e in evals.items() if not e.passed}
+    first, second = (metadata(r, EMBEDDINGS_ASSET) for r in results)
+    assert first["by_type"] == {"advertiser": 1, "campaign": 1, "product": 2, "user": 2}
+    assert second["by_type"]["product"] == 3 and second["cold_start"] >= 1  # p3 arrives in window 2 with no events: cold start
+    h1, h2 = (metadata(r, HIERARCHY_ASSET) for r in results)
+    assert h1["previous_partition"].startswith("none") and h2["previous_partition"] == KEYS[0]
+    assert h2["share_matched"] == {"L0": 1.0, "L1": 1.0}  # same prototypes: every id carried over
+    assert "| level | primitive |" in h1["top_primitives"]
+    assert metadata(results[1], BOM_ASSET)["recall_at_100"] == 1.0
+    assert {p.name for p in store.files(BOM_ASSET, KEYS[1])} == {"tokens.parquet", "postings.parquet", "items.parquet", "items.faiss"}
+
+
+def test_cli_retrieve_prints_items_tokens_and_labels(materialised, monkeypatch, capsys):
+    config, _, _ = materialised
+    monkeypatch.setenv("HIR_STORAGE_URI", config.storage_uri)
+    assert cli.main(["retrieve", "--window", KEYS[1], "--user", "u1", "--k", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("for u1 [L0:") and "BoM" in out[0]
+    assert len(out) == 4 and all(" L0:" in line and " L1:" in line for line in out[1:])
+    assert cli.main(["retrieve", "--window", KEYS[1], "--entity", "p1", "--k", "2", "--exact"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "exact faiss" in out[0] and all("p1 " not in line for line in out[1:])
+    assert cli.main(["retrieve", "--window", "2030-01-06", "--user", "u1"]) == 2
+    assert "never materialised" in capsys.readouterr().err
