@@ -15,6 +15,7 @@ from dagster._core.events import DagsterEventType
 from dagster_project.notify import Alert, Notifier
 
 BATCH = 200
+CHECK_FAILED = "DagsterAssetCheckFailedError"  # a step that failed only because a blocking check failed
 
 
 def _records(instance: dg.DagsterInstance, event_type: DagsterEventType, after: int):
@@ -45,21 +46,24 @@ def _run_alert(record, instance: dg.DagsterInstance, hir_assets: set[str]) -> Al
     assets = sorted(k.to_user_string() for k in keys)
     if not assets or not set(assets) & hir_assets:
         return None
-    message = "; ".join(_step_errors(instance, run.run_id)) or record.event_log_entry.message
+    errors = _step_errors(instance, run.run_id)
+    if errors and all(cls == CHECK_FAILED for cls, _ in errors):
+        return None  # the run failed only because blocking checks failed: each already has its own alert
+    message = "; ".join(text for _, text in errors) or record.event_log_entry.message
     partition = run.tags.get("dagster/partition", "")
     return Alert(kind="run", title=f"run failed: {', '.join(assets)} [{partition or 'unpartitioned'}]",
                  asset=", ".join(assets), partition=partition, description=message.strip()[:2000], run_id=run.run_id)
 
 
-def _step_errors(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    """`step: error` for each failed step: the outermost non-Dagster error (ours names the file and rule)."""
+def _step_errors(instance: dg.DagsterInstance, run_id: str) -> list[tuple[str, str]]:
+    """(error class, `step: error`) per failed step: the outermost non-Dagster error (ours names the file and rule)."""
     out = []
     for r in instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_FAILURE).records:
         event = r.event_log_entry.dagster_event
         error = event.event_specific_data.error
         while error is not None and error.cause is not None and (error.cls_name or "").startswith("Dagster"):
             error = error.cause
-        out.append(f"{event.step_key}: {(error.message if error else '').strip()}")
+        out.append((error.cls_name if error else "", f"{event.step_key}: {(error.message if error else '').strip()}"))
     return out
 
 

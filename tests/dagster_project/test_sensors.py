@@ -106,3 +106,30 @@ def test_alert_log_is_the_default_sink(byo, tmp_path):
     tick(sensor, instance, AlertLogNotifier(path=str(log)), None)
     alerts = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(a["check"], a["partition"]) for a in alerts] == [("not_empty", "2024-01-14")]
+
+
+def test_a_leaked_timestamp_blocks_and_alerts_exactly_once(byo, tmp_path, receiver):
+    """An event stamped after its window in a published file: the blocking leak guard fails, the run stops,
+    and one alert (the check's; the run failure it caused is not alerted twice) reaches the webhook."""
+    from datetime import timedelta
+
+    job, sensor, instance = setup(byo, tmp_path)
+    ingest = job.get_subset(asset_selection={dg.AssetKey(k) for k in ("entity_catalog", "raw_events")})
+    assert ingest.execute_in_process(partition_key=KEY, instance=instance).success
+    path = tmp_path / "store" / "raw_events" / KEY / "events.parquet"
+    events = pq.read_table(path)
+    ts = events.schema.field("ts")
+    late = events.slice(0, 1).set_column(5, ts, pa.array([W0 + timedelta(days=8)], ts.type))
+    pq.write_table(pa.concat_tables([events, late.set_column(0, events.schema.field(0), pa.array(["leak"]))]), path)
+    graph = job.get_subset(asset_selection={dg.AssetKey("engagement_graph")})
+    result = graph.execute_in_process(partition_key=KEY, instance=instance, raise_on_error=False)
+    assert not result.success
+    leak = [e for e in result.get_asset_check_evaluations() if e.check_name == "no_future_edges"]
+    assert len(leak) == 1 and not leak[0].passed and leak[0].blocking
+    notifier = WebhookNotifier(url=receiver.url)
+    cursor, _ = tick(sensor, instance, notifier, None)
+    assert [(a["hir_alert"]["asset"], a["hir_alert"]["check"], a["hir_alert"]["partition"]) for a in receiver.received] == [
+        ("engagement_graph", "no_future_edges", KEY)]
+    assert receiver.received[0]["hir_alert"]["metadata"]["input_rows_after_end"] == "1"
+    tick(sensor, instance, notifier, cursor)
+    assert len(receiver.received) == 1
