@@ -95,9 +95,11 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     def local(value: str) -> str:
         return value if "://" in value else str((base / value).resolve())
 
-    storage = env.get("HIR_STORAGE_URI") or raw.get("storage_uri", ".hir/storage")
+    source = env.get("HIR_SOURCE") or raw.get("source", "movielens")
+    # "{source}" in the storage URI keeps each source's tables apart (the default: .hir/storage/{source})
+    storage = (env.get("HIR_STORAGE_URI") or raw.get("storage_uri", ".hir/storage/{source}")).replace("{source}", source)
     return HIRConfig(
-        source=env.get("HIR_SOURCE") or raw.get("source", "movielens"),
+        source=source,
         window=env.get("HIR_WINDOW") or raw.get("window", "weekly"),
         storage_uri=local(storage),
         data_dir=Path(local(env.get("HIR_DATA_DIR") or raw.get("data_dir", "data"))),

@@ -44,3 +44,10 @@ def test_unknown_synthetic_key_is_refused(tmp_path):
     cfg = load_config(write(tmp_path, 'source = "synthetic"\n[synthetic]\nsed = 3\n'), env={})
     with pytest.raises(ConfigError, match="unknown keys \\['sed'\\]"):
         cfg.make_source()
+
+
+def test_each_source_gets_its_own_default_storage(tmp_path):
+    path = write(tmp_path, "")
+    assert load_config(path, env={}).storage_uri == str(tmp_path / ".hir" / "storage" / "movielens")
+    assert load_config(path, env={"HIR_SOURCE": "synthetic"}).storage_uri == str(tmp_path / ".hir" / "storage" / "synthetic")
+    assert load_config(path, env={"HIR_STORAGE_URI": "s3://b/{source}/x", "HIR_SOURCE": "synthetic"}).storage_uri == "s3://b/synthetic/x"
