@@ -48,8 +48,8 @@ def command(args: list[str], nproc: int) -> list[str]:
     """The entry point, under torchrun when nproc > 1, else a plain python process."""
     if nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
-                "hir_model.train.entry", *args]
-    return [sys.executable, "-m", "hir_model.train.entry", *args]
+                "dagster_project.train_entry", *args]
+    return [sys.executable, "-m", "dagster_project.train_entry", *args]
 
 
 def loss_plot(losses: list[float], parts: dict[str, list[float]]) -> str:

@@ -4,9 +4,8 @@
     torchrun --nproc-per-node 2 -m hir_model.train.entry ...
 
 Every torch.distributed call is guarded, so one CPU process needs no launcher. Only rank 0 writes the checkpoint
-and a `<out>.metrics.json` beside it, and reports: through Dagster Pipes when `dagster_pipes` is importable and
-this process was launched by a Pipes client (dagster_pipes is a small standalone package: it never imports dagster),
-else to plain logging.
+and a `<out>.metrics.json` beside it, and logs. Dagster launches `dagster_project.train_entry`, which wraps `run`
+and reports through Dagster Pipes, so this library stays free of Dagster-family packages.
 """
 
 from __future__ import annotations
@@ -25,16 +24,6 @@ from hir_model.train.data import load_train_data
 from hir_model.train.trainer import train_window
 
 log = logging.getLogger("hir")
-
-
-def _pipes():
-    """An open Pipes context manager when launched by a Pipes client, else None."""
-    try:
-        import dagster_pipes
-    except ImportError:
-        return None
-    launched = os.environ.get(dagster_pipes.DAGSTER_PIPES_CONTEXT_ENV_VAR) and os.environ.get(dagster_pipes.DAGSTER_PIPES_MESSAGES_ENV_VAR)
-    return dagster_pipes.open_dagster_pipes() if launched else None
 
 
 def _init_dist() -> bool:
@@ -97,21 +86,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = parse(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    pipes = _pipes() if rank == 0 else None
-    if pipes is None:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-        metrics = run(args)
-        if metrics is not None:
-            log.info("trained %s: %s", args.window, json.dumps(metrics))
-        return
-    with pipes as context:
-        context.log.info(f"training {args.window} (world size {os.environ.get('WORLD_SIZE', '1')})")
-        metrics = run(args)
-        context.log.info(f"trained {args.window}: final loss {metrics['final_loss']}")
-        context.report_asset_materialization(metadata={k: v for k, v in metrics.items() if v is not None and not isinstance(v, list)}
-                                             | {"usage_entropy": {"raw_value": metrics["usage_entropy"], "type": "json"}})
+    metrics = run(args)
+    if metrics is not None:
+        log.info("trained %s: %s", args.window, json.dumps(metrics))
 
 
 if __name__ == "__main__":
