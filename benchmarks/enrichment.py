@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded
 

@@ -12,7 +12,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 

@@ -54,7 +54,7 @@ class Rule:
                 lo, hi = params[self.param]
                 mask = pc.or_(pc.less(values, pa.scalar(lo, values.type)), pc.greater_equal(values, pa.scalar(hi, values.type)))
             else:  # unique: every repeat after the first occurrence is a violation
-                mask = _repeats(values)
+                mask = repeats(values)
             if self.kind != "not_null":
                 mask = pc.and_(mask, pc.is_valid(values))  # nulls are judged by not_null alone
             bad |= np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
@@ -96,7 +96,7 @@ def _value_set(ref, type_: pa.DataType) -> pa.Array:
     return ref.cast(type_) if isinstance(ref, pa.Array) else pa.array(list(ref), type=type_)
 
 
-def _repeats(values: pa.ChunkedArray | pa.Array) -> pa.Array:
+def repeats(values: pa.ChunkedArray | pa.Array) -> pa.Array:
     """True at every occurrence of a value after its first (nulls are never repeats)."""
     arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
     encoded = pc.dictionary_encode(arr)

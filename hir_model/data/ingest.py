@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts import Contract
-from data_contracts.rules import _repeats
+from data_contracts.rules import repeats
 from hir_model.data.source import Batch
 from hir_model.storage import PARQUET_OPTIONS
 
@@ -93,7 +93,7 @@ def ingest(
     for rule in unique_rules:
         for col in rule.columns:
             if len(keys[col]) > 1:
-                late = np.asarray(_repeats(pa.chunked_array(keys[col], pa.string())).to_numpy(zero_copy_only=False), dtype=bool)
+                late = np.asarray(repeats(pa.chunked_array(keys[col], pa.string())).to_numpy(zero_copy_only=False), dtype=bool)
                 if late.any():
                     _move_late_repeats(contract, rule.name, late, accepted_origins, accepted_path, rejected_path, report)
     report.seconds = time.perf_counter() - t0

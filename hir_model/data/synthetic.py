@@ -28,6 +28,7 @@ from data_contracts.schemas import CATALOG_SCHEMA, EVENTS_SCHEMA, RELATIONS_SCHE
 from data_contracts.vocab import EVENT_TYPES
 from hir_model.data import synthetic_images
 from hir_model.data.source import Batch, Source
+from hir_model.data.synthetic_sampling import Picker
 from hir_model.data.synthetic_world import (AGE_BUCKETS, REGIONS, US_PER_DAY, World, brand_names, build_hierarchy,
                                             build_world, texts)
 from hir_model.data.windows import Window, utc
@@ -89,34 +90,6 @@ class GroundTruth:
 
 
 @dataclass(frozen=True)
-class _Picker:
-    """Popularity-weighted sampling of one entity type's alive entities, overall or within an interest."""
-
-    ids: np.ndarray  # (n,) global entity indices grouped by fine interest
-    cdf: np.ndarray  # (n,) within interest f the values rise from f to f + 1
-    seg: np.ndarray  # (n_fine + 1,) segment bounds of each interest in ids
-    gcdf: np.ndarray  # (n,) cumulative popularity over ids
-
-    @classmethod
-    def build(cls, idx: np.ndarray, fine: np.ndarray, pop: np.ndarray, n_fine: int) -> _Picker:
-        ids = idx[np.argsort(fine[idx], kind="stable")]
-        f, p = fine[ids], pop[ids]
-        seg = np.concatenate([[0], np.cumsum(np.bincount(f, minlength=n_fine))])
-        cs = np.cumsum(p)
-        before = np.concatenate([[0.0], cs])[seg[:-1]]
-        return cls(ids, f + (cs - before[f]) / np.bincount(f, weights=p, minlength=n_fine)[f], seg, cs)
-
-    def pick(self, rng: np.random.Generator, fine: np.ndarray, targeted: np.ndarray) -> np.ndarray:
-        u = rng.random(len(fine))
-        lo, hi = self.seg[fine], self.seg[fine + 1]
-        ok = targeted & (hi > lo)  # an interest without alive entities falls back to popularity
-        pos = np.where(ok, np.searchsorted(self.cdf, fine + u, side="right"),
-                       np.searchsorted(self.gcdf, u * self.gcdf[-1], side="right"))
-        pos = np.where(ok, np.clip(pos, lo, hi - 1), np.minimum(pos, len(self.ids) - 1))
-        return self.ids[pos]
-
-
-@dataclass(frozen=True)
 class _Engageable:
     """Advertisers, campaigns and products in one index space: [advertisers | campaigns | products]."""
 
@@ -133,7 +106,7 @@ class _Pool:
 
     users: np.ndarray  # (n,) user indices
     user_cdf: np.ndarray  # (n,) cumulative activity
-    pickers: tuple[_Picker | None, ...]  # per KINDS
+    pickers: tuple[Picker | None, ...]  # per KINDS
     kind_cdf: np.ndarray  # (3,) cumulative share of impressions per KINDS
 
 
@@ -299,7 +272,7 @@ class SyntheticSource(Source):
     def _pool(self, user_mask: np.ndarray, entity_mask: np.ndarray) -> _Pool:
         cfg, e = self.config, self._entities
         users = np.flatnonzero(user_mask)
-        pickers = tuple(_Picker.build(idx, e.fine, e.pop, self.world.hierarchy.n_fine) if len(idx) else None
+        pickers = tuple(Picker.build(idx, e.fine, e.pop, self.world.hierarchy.n_fine) if len(idx) else None
                         for idx in (np.flatnonzero(entity_mask & (e.kind == k)) for k in range(len(KINDS))))
         share = np.array([cfg.advertiser_share, cfg.campaign_share, 1 - cfg.advertiser_share - cfg.campaign_share])
         share = share * np.array([p is not None for p in pickers])

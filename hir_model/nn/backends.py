@@ -95,7 +95,7 @@ def flex_shape(batch: int, tokens: int) -> tuple[int, int]:
 
 def key_block_mask(t: BiasTensors) -> BlockMask:
     """Block mask of `generate_key_padding_mask` from the lengths alone (no N x N evaluation). N % BLOCK == 0."""
-    (B, n), G = t.q_code.shape, t.n_global
+    n, G = t.q_code.shape[1], t.n_global
     nq, nk = n // BLOCK, -(-(n + G) // BLOCK)
     lo = torch.arange(nk, device=t.lengths.device) * BLOCK
     length = t.lengths[:, None]  # (B, 1)

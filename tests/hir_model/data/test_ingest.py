@@ -11,7 +11,7 @@ import pytest
 
 from data_contracts import EVENTS, ContractError
 from hir_model.data.parquet_source import ParquetSource
-from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET, REJECTED_FILE,
+from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_FILE,
                                    build_catalog, build_events)
 from hir_model.data.windows import WindowSpec
 from hir_model.storage import PartitionStore

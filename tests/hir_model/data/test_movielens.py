@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 from collections import Counter
 import zipfile
 from datetime import timedelta
