@@ -93,6 +93,7 @@ def main() -> None:
     p.add_argument("--no-global-tokens", action="store_true")
     p.add_argument("--no-content", action="store_true")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--set", action="append", default=[], help="override a TrainConfig field, e.g. --set lr=0.005")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     source = source_of(args.source)
@@ -103,6 +104,9 @@ def main() -> None:
         cfg = replace(cfg, levels=tuple(int(k) for k in args.levels.split(",")))
     if args.steps or args.quick:
         cfg = replace(cfg, steps=args.steps or 10)
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        cfg = replace(cfg, **{k: type(getattr(cfg, k))(v)})
     n_windows = args.windows or (2 if args.quick else 6)
     windows = WindowSpec.covering("weekly", *source.span()).windows()[:n_windows]
     prev_graph, prev_ckpt, times, sps = None, None, [], []

@@ -19,6 +19,7 @@ from dagster_project.sensors import build_alert_sensor
 from hir_assets.enrichment import build_enrichment_assets
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
+from hir_assets.training import build_training_assets
 from hir_model.config import PROJECT_ROOT, HIRConfig, load_config
 
 
@@ -33,7 +34,8 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"the {config.source} source has no data yet ({exc}); run `make data` (or `hir prepare`) first") from exc
     partitions = window_partitions(spec)
-    assets = build_ingest_assets(partitions) + build_enrichment_assets(partitions) + build_graph_assets(partitions)
+    assets = (build_ingest_assets(partitions) + build_enrichment_assets(partitions) + build_graph_assets(partitions)
+              + build_training_assets(partitions, dict(config.train)))
     asset_keys = {key.to_user_string() for a in assets for key in a.keys}
     window_job = build_window_job(partitions)
     return dg.Definitions(
@@ -46,6 +48,7 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
             "source": SourceResource.from_config(config),
             "notifier": notifier(),
             "content": ContentModels.from_env(),
+            "pipes_subprocess_client": dg.PipesSubprocessClient(),
         },
     )
 

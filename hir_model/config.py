@@ -34,6 +34,7 @@ class HIRConfig:
     data_dir: Path = PROJECT_ROOT / "data"  # fetched / generated source data
     synthetic: Mapping[str, Any] = field(default_factory=dict)  # overrides of SyntheticConfig fields
     parquet_path: str = ""  # the bring-your-own folder
+    train: Mapping[str, Any] = field(default_factory=dict)  # TrainConfig overrides ([train], then [train.<source>])
     config_file: Path | None = None  # where this came from, for messages
 
     def __post_init__(self) -> None:
@@ -105,5 +106,13 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         data_dir=Path(local(env.get("HIR_DATA_DIR") or raw.get("data_dir", "data"))),
         synthetic=dict(raw.get("synthetic", {})),
         parquet_path=local(p) if (p := env.get("HIR_PARQUET_PATH") or raw.get("parquet", {}).get("path", "")) else "",
+        train=_train_overrides(raw.get("train", {}), source),
         config_file=path if path.exists() else None,
     )
+
+
+def _train_overrides(table: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """[train] keys, then the [train.<source>] sub-table's keys over them (other sources' sub-tables dropped)."""
+    out = {k: v for k, v in table.items() if k not in SOURCES}
+    out.update(table.get(source, {}))
+    return out

@@ -38,6 +38,10 @@ class DeepHashEmbedding(nn.Module):
         for m in self.mlp:
             if isinstance(m, nn.Linear):
                 m.reset_parameters()
+        # the output layer starts at zero: an id's own vector is learned only where training finds it useful, so a
+        # fresh model (and a never-seen id) starts from content, type and neighbourhood instead of hash noise
+        nn.init.zeros_(self.mlp[-1].weight)
+        nn.init.zeros_(self.mlp[-1].bias)
 
 
 class TokenEmbedding(nn.Module):

@@ -60,9 +60,13 @@ class Block(nn.Module):
     def reset_parameters(self) -> None:
         self.ln1.reset_parameters()
         self.ln2.reset_parameters()
+        # nanoGPT's std 0.02 is ~1/sqrt(768) for GPT-2's width; at width 64 it leaves attention near-uniform and the
+        # values near zero, so a seed barely reads its neighbourhood and contrastive training collapses (measured:
+        # InfoNCE stuck at chance). Scale by 1/sqrt(width) instead, residual projections down by sqrt(2 * layers).
+        std = self.cfg.width ** -0.5
         for lin in (self.attn.qkv, self.attn.proj, self.mlp[0], self.mlp[2]):
             residual = lin is self.attn.proj or lin is self.mlp[2]
-            nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * self.cfg.layers) if residual else 0.02)  # nanoGPT
+            nn.init.normal_(lin.weight, std=std / math.sqrt(2 * self.cfg.layers) if residual else std)
             nn.init.zeros_(lin.bias)
 
 

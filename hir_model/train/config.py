@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -27,6 +27,7 @@ class TrainConfig:
     levels: tuple[int, ...] = (8, 32, 128)  # prototypes per level, coarse -> fine (MovieLens has ~1.7k movies + users)
     steps: int = 12  # optimizer steps per window (~0.6 s each on 2 CPU cores: 5-10 s a window; warm-started from t-1, so a window refines)
     batch_size: int = 64  # seeds per step (global, over all ranks): half engagement pairs (user, entity), half active nodes
+    pair_share: float = 1.0  # share of a step's seeds drawn as engagement pairs (P users + P entities); the rest: active nodes
     lr: float = 2e-3  # AdamW peak learning rate (linear warm-up, cosine decay to lr/10)
     warmup_steps: int = 5
     weight_decay: float = 0.01
@@ -34,15 +35,18 @@ class TrainConfig:
     momentum_start: float = 0.9  # teacher EMA momentum, cosine from start to end over the window's steps
     momentum_end: float = 0.995
     student_temp: float = 0.1  # softmax temperature of the student's prototype scores
-    teacher_temp: float = 0.05  # sharper teacher (DINO sharpening)
-    centre_momentum: float = 0.9  # EMA of the teacher's batch-mean scores (DINO centring)
+    init_prototypes: bool = True  # k-means the prototypes on a fresh start; re-seed dead ones on a warm start
+    sinkhorn_eps: float = 0.05  # entropic regularisation of the balanced teacher targets (SwAV's epsilon)
+    sinkhorn_iters: int = 3  # Sinkhorn-Knopp iterations
     consistency_temp: float = 0.1  # temperature of the derived fine -> coarse parent assignment
     consistency_weight: float = 0.5  # weight of the fine -> coarse consistency term
+    distill_weight: float = 1.0  # weight of the cross-view distillation term
     engagement_weight: float = 1.0  # weight of the contrastive user-entity term
     engagement_temp: float = 0.1  # InfoNCE temperature on cosine similarities
     global_tokens: bool = True  # feed the coarse levels' prototypes (all but the finest) to the encoder as global tokens
     shards: int = 1  # micro-batches per step: the loss is the mean over shards (DDP: one shard per rank)
     checkpoint_every: int = 10  # write a resumable checkpoint every this many steps (0: only at the end)
+    held_out_batches: int = 2  # fixed batches scored before and after a window's steps (the loss-decreased check)
     probe_size: int = 16  # fixed probe batch whose embeddings are logged and re-checked after loading
     metric_nodes: int = 512  # active nodes scored by the teacher at the end for the collapse metrics
     seed: int = 0
@@ -80,6 +84,14 @@ class TrainConfig:
             d[view] = ViewConfig(**v)
         d["encoder"] = EncoderConfig(**d["encoder"])
         return cls(**d)
+
+
+def with_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
+    """cfg with the given top-level fields replaced (lists become tuples); unknown names raise a ValueError naming them."""
+    unknown = sorted(set(overrides) - set(TrainConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(TrainConfig.__dataclass_fields__)}")
+    return replace(cfg, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
 
 
 def momentum_schedule(cfg: TrainConfig) -> np.ndarray:

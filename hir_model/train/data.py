@@ -103,7 +103,7 @@ def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int) -> Step
     """Shard `shard` of step `step`: the same on any rank or process (rng from (seed, step, shard))."""
     rng = np.random.default_rng([cfg.seed, step, shard])
     b = cfg.batch_size // cfg.shards
-    p = b // 4 if len(data.pair_user) else 0  # half the seeds come from pairs (P users + P entities)
+    p = int(b * cfg.pair_share) // 2 if len(data.pair_user) else 0  # pair_share of the seeds come from pairs (P users + P entities)
     idx = rng.choice(len(data.pair_user), size=p, p=data.pair_prob) if p else np.zeros(0, np.int64)
     rest = rng.choice(data.active, size=b - 2 * p, replace=len(data.active) < b - 2 * p)
     seeds = np.concatenate([data.pair_user[idx], data.pair_entity[idx], rest]).astype(np.int64)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hir_model.train.config import TrainConfig
+from hir_model.train.config import TrainConfig, with_overrides
 from hir_model.train.data import load_train_data
 from hir_model.train.trainer import train_window
 
@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> dict | None:
     rank = torch.distributed.get_rank() if distributed else 0
     try:
         cfg = TrainConfig.from_dict(json.loads(args.config)) if args.config else TrainConfig()
+        if args.overrides:
+            cfg = with_overrides(cfg, json.loads(args.overrides))
         if args.steps:
             cfg = replace(cfg, steps=args.steps)
         if args.levels:
@@ -78,6 +80,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init", help="previous window's checkpoint to warm-start from")
     p.add_argument("--window", default="", help="window key recorded in the checkpoint")
     p.add_argument("--config", help="TrainConfig as JSON (TrainConfig.to_dict())")
+    p.add_argument("--overrides", help='some TrainConfig fields as JSON, e.g. {"levels": [4, 12, 36], "steps": 40}')
     p.add_argument("--steps", type=int, default=0, help="override TrainConfig.steps")
     p.add_argument("--levels", default="", help="override TrainConfig.levels, coarse to fine, e.g. 4,12,36")
     p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (simulates a kill)")

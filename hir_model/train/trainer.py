@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from hir_model.nn import collate
@@ -26,7 +27,8 @@ from hir_model.train.loss import DistillationLoss, engagement_loss, parent_assig
 from hir_model.train.model import HIRModel, ema_update, make_teacher
 
 log = logging.getLogger("hir")
-PROBE_SEED = 7919  # the probe batch's view is sampled with rng (cfg.seed, PROBE_SEED)
+PROBE_SEED = 7919
+HELD_OUT_STEP = 2**31 - 1024  # the held-out batches' step numbers (no window reaches them)  # the probe batch's view is sampled with rng (cfg.seed, PROBE_SEED)
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -49,6 +51,8 @@ class TrainResult:
     backend: str
     probe_nodes: list[int] = field(default_factory=list)
     probe_embeddings: list[list[float]] = field(default_factory=list)  # (probe_size, W) of the exported (teacher) model
+    held_out_start: float = float("nan")  # total loss on the fixed held-out batches before this call's steps
+    held_out_final: float = float("nan")  # ... and after them
     version: str = ""
     weights_digest: str = ""  # sha256 of the student's weights on this rank (DDP ranks must agree)
 
@@ -125,6 +129,82 @@ def _load_into(payload: dict, student: HIRModel, teacher: HIRModel, loss_fn: Dis
                     p.copy_(q)
 
 
+def spherical_kmeans(x: Tensor, k: int, iters: int, gen: torch.Generator) -> Tensor:
+    """(k, W) unit centroids of unit rows x (N, W): k-means++-style seeding by farthest sampling, then Lloyd steps."""
+    centres = [x[torch.randint(len(x), (1,), generator=gen)].squeeze(0)]
+    for _ in range(1, k):
+        d = 1 - (x @ torch.stack(centres).T).max(1).values  # (N,) cosine distance to the nearest centre
+        centres.append(x[torch.multinomial(d.clamp_min(1e-12) ** 2, 1, generator=gen)].squeeze(0))
+    c = torch.stack(centres)
+    for _ in range(iters):
+        a = (x @ c.T).argmax(1)  # (N,)
+        sums = torch.zeros_like(c).index_add_(0, a, x)
+        used = torch.bincount(a, minlength=k) > 0
+        c = torch.where(used[:, None], F.normalize(sums, dim=-1), c)
+    return c
+
+
+@torch.no_grad()
+def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: TrainConfig, fresh: bool) -> None:
+    """Place prototypes where the data is before a window trains. Fresh model: k-means of the teacher's embeddings of
+    a sample of active nodes, finest level first, each coarser level clustering the level below's centroids (so the
+    hierarchy starts consistent). Warm start: only prototypes no sampled node chose (dead ones) move, to sampled
+    embeddings. A prototype that never wins receives no gradient from the balanced targets' argmax and stays dead."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rng = np.random.default_rng([cfg.seed, PROBE_SEED + 3])
+    nodes = np.sort(rng.permutation(data.active)[: cfg.metric_nodes])
+    z = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 3)  # (M, W)
+    if len(z) < 2:
+        return
+    protos = [p.detach().cpu().clone() for p in teacher.normalised_prototypes()]
+    if fresh:
+        below = z
+        for lvl in reversed(range(len(cfg.levels))):
+            k = cfg.levels[lvl]
+            protos[lvl] = spherical_kmeans(below, k, 10, gen) if len(below) > k else F.normalize(torch.randn(k, z.shape[1], generator=gen), dim=-1)
+            below = protos[lvl]
+    else:
+        for lvl, p in enumerate(protos):
+            dead = torch.bincount((z @ p.T).argmax(1), minlength=len(p)) == 0
+            if dead.any():
+                p[dead] = z[torch.randint(len(z), (int(dead.sum()),), generator=gen)]
+    for m in (student, teacher):
+        for param, value in zip(m.prototypes, protos):
+            param.copy_(value.to(param.device))
+
+
+def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, batches: list,
+              cfg: TrainConfig, device: torch.device, backward: bool = True) -> np.ndarray:
+    """float64 [4]: (total, distill, consistency, engagement) of one step's shards (this rank's), mean over shards;
+    with `backward`, the gradients of that mean are accumulated into the student."""
+    with torch.no_grad():  # the teacher's targets are balanced over the global batch: all shards (ranks) at once
+        t_all = [teacher(collate(sb.broad).to(device))[1] for sb in batches]  # per shard, per level (b, K_l)
+        targets = loss_fn.targets([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.levels))])
+    acc = np.zeros(4)
+    for i, sb in enumerate(batches):
+        b = len(sb.narrow.seeds)
+        with torch.set_grad_enabled(backward):
+            z, s_scores = model(collate(sb.narrow).to(device))  # (b, W), per level (b, K_l)
+            distill = loss_fn.distill(s_scores, [t[i * b:(i + 1) * b] for t in targets])
+            cons = loss_fn.consistency(s_scores, list(student.prototypes))
+            p = sb.pairs
+            eng = engagement_loss(z[:p], z[p:2 * p], torch.from_numpy(sb.sign).to(device), cfg.engagement_temp) if p else z.new_zeros(())
+            loss = cfg.distill_weight * distill + cfg.consistency_weight * cons + cfg.engagement_weight * eng
+        if backward:
+            (loss / len(batches)).backward()
+        acc += np.array([loss.item(), distill.item(), cons.item(), eng.item()]) / len(batches)
+    return acc
+
+
+def held_out_loss(student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, data: TrainData, cfg: TrainConfig,
+                  shards: list[int], device: torch.device) -> float:
+    """The total loss on fixed batches no training step draws (seeded by HELD_OUT_STEP): compared before and after a
+    window's training, it measures progress without the step-to-step sampling noise of the training losses."""
+    acc = np.mean([step_loss(student, student, teacher, loss_fn, [step_batch(data, cfg, HELD_OUT_STEP + i, sh) for sh in shards],
+                             cfg, device, backward=False)[0] for i in range(cfg.held_out_batches)])
+    return _all_reduce_mean(float(acc), device)
+
+
 def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, init: Path | None = None, window: str = "",
                  stop_after: int | None = None) -> TrainResult:
     """Train on one window's data; resume from `out` if it holds this window's unfinished run, else warm-start from
@@ -156,6 +236,8 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
         payload = load_checkpoint(init)
         _load_into(payload, student, teacher, loss_fn, cfg_model)
         base_step, warm = int(payload["step"]), True
+    if resume is None and cfg.init_prototypes:
+        seed_prototypes(student, teacher, data, cfg, fresh=not warm)
     model = student
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(student, device_ids=[local] if device.type == "cuda" else None)
@@ -163,25 +245,13 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
     shards = [rank] if world > 1 else list(range(cfg.shards))
     losses, parts = [], {"distill": [], "consistency": [], "engagement": []}
     end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
+    start_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
     t0 = time.perf_counter()
     for s in range(start, end):
         for g in opt.param_groups:
             g["lr"] = float(lrs[s])
         opt.zero_grad(set_to_none=True)
-        t_all, acc = [], np.zeros(4)
-        for sh in shards:
-            sb = step_batch(data, cfg, base_step + s, sh)
-            with torch.no_grad():
-                _, t_scores = teacher(collate(sb.broad).to(device))  # per level (b, K_l)
-            z, s_scores = model(collate(sb.narrow).to(device))  # (b, W), per level (b, K_l)
-            distill = loss_fn.distill(s_scores, loss_fn.targets(t_scores))
-            cons = loss_fn.consistency(s_scores, list(student.prototypes))
-            p = sb.pairs
-            eng = engagement_loss(z[:p], z[p:2 * p], torch.from_numpy(sb.sign).to(device), cfg.engagement_temp) if p else z.new_zeros(())
-            loss = distill + cfg.consistency_weight * cons + cfg.engagement_weight * eng
-            (loss / len(shards)).backward()
-            acc += np.array([loss.item(), distill.item(), cons.item(), eng.item()]) / len(shards)
-            t_all.append(t_scores)
+        acc = step_loss(model, student, teacher, loss_fn, [step_batch(data, cfg, base_step + s, sh) for sh in shards], cfg, device)
         total = _all_reduce_mean(float(acc[0]), device)
         if not np.isfinite(total):
             raise NonFiniteLoss(f"non-finite loss {total} at window step {s} (distill {acc[1]}, consistency {acc[2]}, "
@@ -189,18 +259,19 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
         torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
         opt.step()
         ema_update(teacher, student, float(moms[s]))
-        loss_fn.update_centre([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.levels))], cfg.batch_size)
         losses.append(total)
         for k, v in zip(parts, acc[1:]):
             parts[k].append(_all_reduce_mean(float(v), device))
         if rank == 0 and out is not None and cfg.checkpoint_every and (s + 1) % cfg.checkpoint_every == 0 and s + 1 < cfg.steps:
             _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, s + 1, base_step, False, {}))
     seconds = time.perf_counter() - t0
+    final_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
     done = end >= cfg.steps
     backend = getattr(student.encoder.last_choice, "backend", "none")
     digest = hashlib.sha256(b"".join(v.detach().cpu().contiguous().numpy().tobytes() for v in student.state_dict().values()))
     result = TrainResult(window, base_step + end, end, start, warm, losses, parts, [], [], seconds,
-                         cfg.batch_size * (end - start) / max(seconds, 1e-9), backend, weights_digest=digest.hexdigest()[:16])
+                         cfg.batch_size * (end - start) / max(seconds, 1e-9), backend, weights_digest=digest.hexdigest()[:16],
+                         held_out_start=start_loss, held_out_final=final_loss)
     if rank != 0:
         return result
     entropy, share = collapse_metrics(teacher, data, cfg)

@@ -121,11 +121,15 @@ def test_a_leaked_timestamp_blocks_and_alerts_exactly_once(byo, tmp_path, receiv
     ts = events.schema.field("ts")
     late = events.slice(0, 1).set_column(5, ts, pa.array([W0 + timedelta(days=8)], ts.type))
     pq.write_table(pa.concat_tables([events, late.set_column(0, events.schema.field(0), pa.array(["leak"]))]), path)
-    graph = job.get_subset(asset_selection={dg.AssetKey("engagement_graph")})
-    result = graph.execute_in_process(partition_key=KEY, instance=instance, raise_on_error=False)
+    downstream = job.get_subset(asset_selection={dg.AssetKey("engagement_graph"), dg.AssetKey("hir_encoder")})
+    result = downstream.execute_in_process(partition_key=KEY, instance=instance, raise_on_error=False)
     assert not result.success
     leak = [e for e in result.get_asset_check_evaluations() if e.check_name == "no_future_edges"]
     assert len(leak) == 1 and not leak[0].passed and leak[0].blocking
+    # the graph's blocking check failed: the encoder downstream of it never ran (no step start, no materialisation)
+    assert {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()} == {"engagement_graph"}
+    assert not [e for e in result.all_events if e.is_step_start and "hir_encoder" in (e.step_key or "")]
+    assert not (tmp_path / "store" / "hir_encoder" / KEY).exists()
     notifier = WebhookNotifier(url=receiver.url)
     cursor, _ = tick(sensor, instance, notifier, None)
     assert [(a["hir_alert"]["asset"], a["hir_alert"]["check"], a["hir_alert"]["partition"]) for a in receiver.received] == [

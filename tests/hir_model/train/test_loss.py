@@ -6,25 +6,30 @@ import torch
 import torch.nn.functional as F
 
 from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
-from hir_model.train.loss import DistillationLoss, engagement_loss, parent_assignment, usage_stats
+from hir_model.train.loss import DistillationLoss, engagement_loss, parent_assignment, sinkhorn, usage_stats
 
 CFG = TrainConfig(levels=(2, 4), batch_size=8, steps=10)
 
 
-def test_targets_are_centred_and_sharpened():
+def test_targets_are_balanced_over_the_batch():
     loss = DistillationLoss(CFG)
-    scores = [torch.tensor([[0.5, 0.1]]), torch.tensor([[0.3, 0.2, 0.1, 0.0]])]
+    # every sample prefers prototype 0: balanced targets still give prototype 1 half of the batch's mass
+    scores = [torch.tensor([[0.9, 0.1], [0.8, 0.3], [0.7, 0.6], [0.95, 0.0]]), torch.rand(4, 4)]
     t = loss.targets(scores)
-    assert torch.allclose(t[0], F.softmax(scores[0] / CFG.teacher_temp, -1)) and t[0][0, 0] > 0.99  # sharpened
-    loss.centre0.copy_(torch.tensor([0.5, 0.0]))  # centring removes the always-high prototype's advantage
-    assert loss.targets(scores)[0][0, 1] > 0.5
-    assert {"centre0", "centre1"} <= set(loss.state_dict())  # saved with the checkpoint
+    assert torch.allclose(t[0].sum(-1), torch.ones(4), atol=1e-5)
+    plain = F.softmax(scores[0] / CFG.sinkhorn_eps, -1).sum(0)[1]  # unbalanced: prototype 1 gets ~0.5 of 4 samples
+    assert t[0].sum(0)[1] > 1.2 > plain  # balanced (3 iterations): far closer to its equal share of 2
+    assert t[0][2, 1] > t[0][3, 1]  # the sample closest to prototype 1 takes most of its share
+    assert not list(loss.state_dict())  # nothing to carry between steps
 
 
-def test_centre_update_is_an_ema_of_the_batch_mean():
-    loss = DistillationLoss(CFG)
-    loss.update_centre([torch.ones(4, 2), torch.zeros(4, 4)], global_count=4)
-    assert torch.allclose(loss.centre0, torch.full((2,), 1 - CFG.centre_momentum))
+def test_sinkhorn_matches_its_definition_on_a_tiny_case():
+    s = torch.tensor([[0.2, 0.4, 0.0], [0.1, 0.0, 0.3]])
+    q = sinkhorn(s, eps=0.5, iters=200)
+    assert torch.allclose(q.sum(-1), torch.ones(2), atol=1e-4) and torch.allclose(q.sum(0), torch.full((3,), 2 / 3), atol=1e-4)
+    # the solution is diag(u) exp(s / eps) diag(v): log-ratios across rows equal the score differences / eps
+    r = torch.log(q[0] / q[1]) - (s[0] - s[1]) / 0.5
+    assert torch.allclose(r, r[0].expand(3), atol=1e-3)
 
 
 def test_distill_is_minimal_when_the_student_agrees():

