@@ -2,6 +2,10 @@
 NMI of the learned level assignments vs the planted interests (with k-means on content vectors as the floor).
 
     .venv/bin/python benchmarks/train.py [--quick] [--source movielens|synthetic] [--windows N] [--steps S] [--no-global-tokens]
+        [--store .hir/storage/synthetic]   # train on a demo's materialised graph + content_embeddings (MiniLM + CLIP)
+        [--set field=value]                # any TrainConfig field
+
+Without --store the content vectors are a hashed TF-IDF stand-in (no model weights needed).
 
 Prints one key=value line per window and a summary line.
 """
@@ -26,10 +30,11 @@ from hir_model.data.windows import WindowSpec  # noqa: E402
 from hir_model.graph.build import build_graph  # noqa: E402
 from hir_model.graph.window import to_us  # noqa: E402
 from hir_model.train.checkpoint import load_checkpoint  # noqa: E402
-from hir_model.train.config import TrainConfig  # noqa: E402
-from hir_model.train.data import TrainData, active_nodes, engagement_pairs  # noqa: E402
+from hir_model.config import load_config  # noqa: E402
+from hir_model.train.config import TrainConfig, with_overrides  # noqa: E402
+from hir_model.train.data import TrainData, active_nodes, engagement_pairs, load_train_data  # noqa: E402
 from hir_model.train.model import HIRModel  # noqa: E402
-from hir_model.train.trainer import assignments, train_window  # noqa: E402
+from hir_model.train.trainer import assignments, embed_nodes, train_window  # noqa: E402
 
 
 def source_of(name: str):
@@ -64,7 +69,7 @@ def teacher_of(path: Path) -> tuple[HIRModel, TrainConfig]:
     return model.eval(), cfg
 
 
-def nmi_report(model: HIRModel, cfg: TrainConfig, data: TrainData, source, catalog: pa.Table, seed: int = 0) -> dict:
+def nmi_report(model: HIRModel, cfg: TrainConfig, data: TrainData, source, seed: int = 0) -> dict:
     from sklearn.cluster import KMeans
     from sklearn.metrics import normalized_mutual_info_score as nmi
     truth = source.ground_truth.entities.filter(pa.compute.equal(source.ground_truth.entities.column("entity_type"), "product"))
@@ -76,6 +81,8 @@ def nmi_report(model: HIRModel, cfg: TrainConfig, data: TrainData, source, catal
     for lvl, a in enumerate(learned):
         gt = truth.column(f"interest_l{lvl}").to_numpy()[keep]
         out[f"nmi_l{lvl}"] = round(nmi(gt, a), 3)
+        z = embed_nodes(model, model.global_tokens(), data, node, cfg).numpy() if lvl == 0 else z
+        out[f"kmeans_embedding_nmi_l{lvl}"] = round(nmi(gt, KMeans(len(np.unique(gt)), n_init=4, random_state=seed).fit_predict(z)), 3)
         x = data.content[node]
         km = KMeans(len(np.unique(gt)), n_init=4, random_state=seed).fit_predict(x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-9))
         out[f"kmeans_content_nmi_l{lvl}"] = round(nmi(gt, km), 3)
@@ -93,13 +100,14 @@ def main() -> None:
     p.add_argument("--no-global-tokens", action="store_true")
     p.add_argument("--no-content", action="store_true")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--store", default="", help="a materialised storage root: read engagement_graph, raw_events and "
+                   "content_embeddings of each window from it instead of building them")
     p.add_argument("--set", action="append", default=[], help="override a TrainConfig field, e.g. --set lr=0.005")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     source = source_of(args.source)
-    cfg = TrainConfig(global_tokens=not args.no_global_tokens)
-    if args.source == "synthetic":
-        cfg = replace(cfg, levels=(4, 12, 36))
+    # the demo's settings for this source: hir.toml [train] and [train.<source>]
+    cfg = with_overrides(TrainConfig(global_tokens=not args.no_global_tokens), load_config(env={"HIR_SOURCE": args.source}).train)
     if args.levels:
         cfg = replace(cfg, levels=tuple(int(k) for k in args.levels.split(",")))
     if args.steps or args.quick:
@@ -112,14 +120,20 @@ def main() -> None:
     prev_graph, prev_ckpt, times, sps = None, None, [], []
     tmp = Path(tempfile.mkdtemp(prefix="hir-train-bench-"))
     for w in windows:
-        catalog = pa.concat_tables([b.table for b in source.catalog(w.end)])
-        relations = pa.concat_tables([b.table for b in source.relations(w.end)])
-        events = pa.concat_tables([b.table for b in source.events(w)])
-        end = to_us(w.end)
-        prev_graph, _ = build_graph(prev_graph, catalog, relations, [events], end)
-        user, entity, sign, prob = engagement_pairs(prev_graph, events.select(["user_id", "entity_id", "event_type", "ts"]), end)
-        mat, has = (None, None) if args.no_content else content_vectors(prev_graph, catalog)
-        data = TrainData(prev_graph, end, active_nodes(prev_graph, end), user, entity, sign, prob, mat, has)
+        if args.store:
+            root = Path(args.store)
+            data = load_train_data(root / "engagement_graph" / w.key, root / "raw_events" / w.key / "events.parquet",
+                                   None if args.no_content else root / "content_embeddings" / w.key / "embeddings.parquet")
+            prev_graph, user = data.graph, data.pair_user
+        else:
+            catalog = pa.concat_tables([b.table for b in source.catalog(w.end)])
+            relations = pa.concat_tables([b.table for b in source.relations(w.end)])
+            events = pa.concat_tables([b.table for b in source.events(w)])
+            end = to_us(w.end)
+            prev_graph, _ = build_graph(prev_graph, catalog, relations, [events], end)
+            user, entity, sign, prob = engagement_pairs(prev_graph, events.select(["user_id", "entity_id", "event_type", "ts"]), end)
+            mat, has = (None, None) if args.no_content else content_vectors(prev_graph, catalog)
+            data = TrainData(prev_graph, end, active_nodes(prev_graph, end), user, entity, sign, prob, mat, has)
         out = tmp / f"{w.key}.pt"
         r = train_window(data, cfg, out, prev_ckpt, w.key)
         prev_ckpt = out
@@ -132,7 +146,7 @@ def main() -> None:
             f"mean_samples_per_s={np.mean(sps):.1f}")
     if args.source == "synthetic":
         model, tcfg = teacher_of(prev_ckpt)
-        line += " " + " ".join(f"{k}={v}" for k, v in nmi_report(model, tcfg, data, source, catalog).items())
+        line += " " + " ".join(f"{k}={v}" for k, v in nmi_report(model, tcfg, data, source).items())
     print(line, flush=True)
 
 

@@ -11,10 +11,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from data_contracts.vocab import ENGAGEABLE_TYPES
 from hir_model.graph.csr import Graph
 from hir_model.graph.sampler import sample
 from hir_model.graph.storage import load_graph
-from hir_model.graph.types import SampledBatch
+from hir_model.graph.types import NODE_TYPES, SampledBatch
 from hir_model.train.config import NEGATIVE_EVENTS, PAIR_WEIGHTS, TrainConfig
 
 
@@ -35,10 +36,18 @@ class TrainData:
         return 0 if self.content is None else self.content.shape[1]
 
 
+# Seeds, probes and collapse metrics cover users and ad entities; knowledge-graph nodes are context only (they are
+# never published, and on MovieLens 32k of them would outnumber the 2.6k users and films 12 to 1).
+SEED_TYPES: tuple[str, ...] = ("user",) + ENGAGEABLE_TYPES
+
+
 def active_nodes(graph: Graph, cutoff_us: int) -> np.ndarray:
+    """int64 [A]: nodes of a SEED_TYPES type with an edge whose last_ts <= cutoff."""
     ok = np.asarray(graph.last_ts) <= cutoff_us  # (E,)
     src = np.repeat(np.arange(graph.num_nodes), np.diff(np.asarray(graph.indptr)))
-    return np.unique(src[ok]).astype(np.int64)
+    nodes = np.unique(src[ok]).astype(np.int64)
+    seed_type = np.isin(np.asarray(graph.nodes.node_type, np.int64)[nodes], [NODE_TYPES.index(t) for t in SEED_TYPES])
+    return nodes[seed_type]
 
 
 def engagement_pairs(graph: Graph, events: Path | pa.Table | None, cutoff_us: int) -> tuple[np.ndarray, ...]:

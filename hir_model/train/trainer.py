@@ -129,6 +129,27 @@ def _load_into(payload: dict, student: HIRModel, teacher: HIRModel, loss_fn: Dis
                     p.copy_(q)
 
 
+@torch.no_grad()
+def centre_inputs_and_readout(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: TrainConfig) -> None:
+    """Data-dependent initialisation of a fresh model: the mean content vector is subtracted before the content
+    projection, and the mean readout of a sample of active nodes before the unit norm (see the buffers' comments)."""
+    for m in (student, teacher):
+        if data.content is not None and data.has_content.any():
+            m.encoder.embed.content_mean.copy_(torch.from_numpy(data.content[data.has_content].mean(0)))
+    rng = np.random.default_rng([cfg.seed, PROBE_SEED + 4])
+    nodes = np.sort(rng.permutation(data.active)[: cfg.metric_nodes])
+    if not len(nodes):
+        return
+    encoder, device = teacher.encoder, next(teacher.parameters()).device
+    was = encoder.training
+    encoder.eval()
+    h = torch.cat([encoder.readout(collate(view_of(data, nodes[i:i + 128], cfg, PROBE_SEED + 4 + i)).to(device), teacher.global_tokens())
+                   for i in range(0, len(nodes), 128)])  # (M, W)
+    encoder.train(was)
+    for m in (student, teacher):
+        m.encoder.out_mean.add_(h.mean(0))
+
+
 def spherical_kmeans(x: Tensor, k: int, iters: int, gen: torch.Generator) -> Tensor:
     """(k, W) unit centroids of unit rows x (N, W): k-means++-style seeding by farthest sampling, then Lloyd steps."""
     centres = [x[torch.randint(len(x), (1,), generator=gen)].squeeze(0)]
@@ -236,6 +257,8 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
         payload = load_checkpoint(init)
         _load_into(payload, student, teacher, loss_fn, cfg_model)
         base_step, warm = int(payload["step"]), True
+    if resume is None and not warm:
+        centre_inputs_and_readout(student, teacher, data, cfg)
     if resume is None and cfg.init_prototypes:
         seed_prototypes(student, teacher, data, cfg, fresh=not warm)
     model = student

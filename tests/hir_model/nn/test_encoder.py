@@ -109,7 +109,6 @@ def test_reset_parameters_and_repr():
     assert all(t.abs().sum() == 0 for t in encoder.bias.parameters())  # tables start neutral
     assert encoder.blocks[0].attn.qkv.weight.std().item() == pytest.approx(64 ** -0.5, rel=0.1)  # 1 / sqrt(width)
     assert encoder.blocks[0].attn.proj.weight.std().item() == pytest.approx(64 ** -0.5 / 6 ** 0.5, rel=0.1)  # / sqrt(2 layers)
-    assert encoder.embed.ids.mlp[-1].weight.eq(0).all()  # an id's own vector starts at zero
     assert encoder.ln_f.weight.eq(1).all() and encoder.blocks[2].mlp[2].bias.eq(0).all()
     text = repr(encoder)
     assert "layers=3, heads=2, width=64" in text and "StructuralBias(heads=2" in text and "params=" in text
