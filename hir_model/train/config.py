@@ -36,6 +36,7 @@ class TrainConfig:
     momentum_end: float = 0.995
     student_temp: float = 0.1  # softmax temperature of the student's prototype scores
     init_prototypes: bool = True  # k-means the prototypes on a fresh start; re-seed dead ones on a warm start
+    centre_momentum: float = 0.9  # EMA momentum of the readout centre (hir_model.train.trainer.recentre)
     sinkhorn_eps: float = 0.05  # entropic regularisation of the balanced teacher targets (SwAV's epsilon)
     sinkhorn_iters: int = 3  # Sinkhorn-Knopp iterations
     consistency_temp: float = 0.1  # temperature of the derived fine -> coarse parent assignment

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from hir_model.train.config import TrainConfig
 
 
-def _all_reduce_sum(t: Tensor) -> Tensor:
+def all_reduce_sum(t: Tensor) -> Tensor:
     """Sum over ranks when torch.distributed is initialised; identity on one process."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(t)
@@ -43,10 +43,10 @@ def sinkhorn(scores: Tensor, eps: float, iters: int) -> Tensor:
     of the global batch (all ranks, through all-reduces of the column sums), every row sums to 1."""
     q = torch.exp((scores - 1) / eps).T  # (K, B); scores are cosines <= 1, the same shift on every rank: no overflow
     k = q.shape[0]
-    n = _all_reduce_sum(torch.tensor(float(q.shape[1]), device=q.device))  # global batch size
-    q /= _all_reduce_sum(q.sum())
+    n = all_reduce_sum(torch.tensor(float(q.shape[1]), device=q.device))  # global batch size
+    q /= all_reduce_sum(q.sum())
     for _ in range(iters):
-        q /= _all_reduce_sum(q.sum(dim=1, keepdim=True)) * k  # each prototype: total mass 1 / K
+        q /= all_reduce_sum(q.sum(dim=1, keepdim=True)) * k  # each prototype: total mass 1 / K
         q /= q.sum(dim=0, keepdim=True) * n  # each sample: mass 1 / n (rows are local)
     return (q * n).T
 

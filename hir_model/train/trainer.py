@@ -23,7 +23,7 @@ from hir_model.nn import collate
 from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
 from hir_model.train.data import TrainData, step_batch, view_of
-from hir_model.train.loss import DistillationLoss, engagement_loss, parent_assignment, usage_stats
+from hir_model.train.loss import DistillationLoss, all_reduce_sum, engagement_loss, parent_assignment, usage_stats
 from hir_model.train.model import HIRModel, ema_update, make_teacher
 
 log = logging.getLogger("hir")
@@ -130,6 +130,15 @@ def _load_into(payload: dict, student: HIRModel, teacher: HIRModel, loss_fn: Dis
 
 
 @torch.no_grad()
+def recentre(student: HIRModel, teacher: HIRModel, batch_mean: Tensor, momentum: float) -> None:
+    """Keep the readout centred while training: out_mean absorbs (1 - momentum) of the teacher's mean readout over
+    the global batch each step. Set once at the start, it drifted: by MovieLens window 4 the common direction was back
+    and every node chose one coarse prototype (usage entropy 0.0)."""
+    for m in (student, teacher):
+        m.encoder.out_mean.add_(batch_mean.to(m.encoder.out_mean.device), alpha=1 - momentum)
+
+
+@torch.no_grad()
 def centre_inputs_and_readout(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: TrainConfig) -> None:
     """Data-dependent initialisation of a fresh model: the mean content vector is subtracted before the content
     projection, and the mean readout of a sample of active nodes before the unit norm (see the buffers' comments)."""
@@ -195,11 +204,14 @@ def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: 
 
 
 def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, batches: list,
-              cfg: TrainConfig, device: torch.device, backward: bool = True) -> np.ndarray:
+              cfg: TrainConfig, device: torch.device, backward: bool = True, centre: Tensor | None = None) -> np.ndarray:
     """float64 [4]: (total, distill, consistency, engagement) of one step's shards (this rank's), mean over shards;
     with `backward`, the gradients of that mean are accumulated into the student."""
     with torch.no_grad():  # the teacher's targets are balanced over the global batch: all shards (ranks) at once
-        t_all = [teacher(collate(sb.broad).to(device))[1] for sb in batches]  # per shard, per level (b, K_l)
+        readouts = [teacher.encoder.readout(collate(sb.broad).to(device), teacher.global_tokens()) for sb in batches]  # (b, W) each
+        t_all = [[z @ p.T for p in teacher.normalised_prototypes()] for z in (F.normalize(h, dim=-1) for h in readouts)]
+        if centre is not None:  # the teacher's readouts, summed over this rank's shards (the caller all-reduces)
+            centre.add_(torch.cat(readouts).sum(0))
         targets = loss_fn.targets([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.levels))])
     acc = np.zeros(4)
     for i, sb in enumerate(batches):
@@ -274,7 +286,9 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
         for g in opt.param_groups:
             g["lr"] = float(lrs[s])
         opt.zero_grad(set_to_none=True)
-        acc = step_loss(model, student, teacher, loss_fn, [step_batch(data, cfg, base_step + s, sh) for sh in shards], cfg, device)
+        centre = torch.zeros(student.encoder.cfg.width, device=device)
+        acc = step_loss(model, student, teacher, loss_fn, [step_batch(data, cfg, base_step + s, sh) for sh in shards], cfg, device,
+                        centre=centre)
         total = _all_reduce_mean(float(acc[0]), device)
         if not np.isfinite(total):
             raise NonFiniteLoss(f"non-finite loss {total} at window step {s} (distill {acc[1]}, consistency {acc[2]}, "
@@ -282,6 +296,7 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
         torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
         opt.step()
         ema_update(teacher, student, float(moms[s]))
+        recentre(student, teacher, all_reduce_sum(centre) / cfg.batch_size, cfg.centre_momentum)
         losses.append(total)
         for k, v in zip(parts, acc[1:]):
             parts[k].append(_all_reduce_mean(float(v), device))
