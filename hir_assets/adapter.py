@@ -1,0 +1,91 @@
+"""Objective adapters: per (window, objective), a small adapter on the frozen encoder's embeddings, and its gain.
+
+`objective_adapter` is partitioned by window x objective, so it cannot share a job with the window-partitioned
+assets: it runs in its own job (`adapter_job`), after `entity_embeddings` of the window. Its lineage names the
+window's own `entity_embeddings` and `raw_events`; it also reads `raw_events` of the earlier windows (training
+history up to the window end, like the graph) and of window t+1 (the gain only, never training). Those two reads
+are not declared as dependencies: the earlier windows are already upstream of the window's embeddings through the
+cumulative graph, and declaring t+1 would mark every adapter stale when the next window's events arrive, and the
+last window would wait for a window that does not exist.
+"""
+
+import dagster as dg
+
+from dagster_project.resources import PartitionStorage
+from hir_model.data.tables import EVENTS_ASSET
+from hir_model.data.windows import Window, utc
+from hir_model.hierarchy.window import EMBEDDINGS_ASSET
+from hir_model.train.adapter import OBJECTIVES, AdapterConfig
+from hir_model.train.adapter_window import ADAPTER_ASSET, adapt_window, write_adapter
+
+GROUP = "training"
+ADAPTER_JOB = "objective_adapters"
+LOSS_DECREASED_CHECK = "adapter_loss_decreased"
+SAME_WINDOW = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="window")
+
+
+class ObjectiveAdapterRun(dg.Config):
+    rank: int = 16  # rank of each side's low-rank residual map
+    steps: int = 100  # optimizer steps
+    batch_size: int = 256  # pairs per step (the batch's other items are the negatives)
+    lr: float = 5e-3
+    seed: int = 0
+
+
+def adapter_partitions(window_partitions: dg.TimeWindowPartitionsDefinition) -> dg.MultiPartitionsDefinition:
+    return dg.MultiPartitionsDefinition({"window": window_partitions, "objective": dg.StaticPartitionsDefinition(list(OBJECTIVES))})
+
+
+def _window(partitions: dg.TimeWindowPartitionsDefinition, key: str | None) -> Window | None:
+    if key is None:
+        return None
+    tw = partitions.time_window_for_partition_key(key)
+    return Window(key, utc(tw.start), utc(tw.end))
+
+
+def build_adapter_assets(window_partitions: dg.TimeWindowPartitionsDefinition) -> list[dg.AssetsDefinition]:
+    @dg.asset(name=ADAPTER_ASSET, partitions_def=adapter_partitions(window_partitions), group_name=GROUP, kinds={"pytorch"},
+              deps=[dg.AssetDep(EMBEDDINGS_ASSET, partition_mapping=SAME_WINDOW), dg.AssetDep(EVENTS_ASSET, partition_mapping=SAME_WINDOW)],
+              check_specs=[dg.AssetCheckSpec(LOSS_DECREASED_CHECK, asset=ADAPTER_ASSET, blocking=False,
+                                             description="the adapter's loss is finite and its last steps average below its first")])
+    def objective_adapter(context: dg.AssetExecutionContext, config: ObjectiveAdapterRun,
+                          storage: PartitionStorage) -> dg.MaterializeResult:
+        """A low-rank adapter on the frozen encoder's embeddings for one objective; its Recall@20 gain on window t+1."""
+        keys = context.partition_key.keys_by_dimension
+        window, objective, store = _window(window_partitions, keys["window"]), keys["objective"], storage.store()
+        next_window = _window(window_partitions, window_partitions.get_next_partition_key(window.key))
+        cfg = AdapterConfig(rank=config.rank, steps=config.steps, batch_size=config.batch_size, lr=config.lr, seed=config.seed)
+        run = adapt_window(store, window, next_window, objective, cfg)
+        with store.writing() as staging:
+            part = write_adapter(staging, run)
+        m = run.metrics()
+        metadata = {"status": m["status"], "objective_events": run.objective_events, "events_used": run.events_used,
+                    "seconds": round(run.seconds, 3), "path": dg.MetadataValue.path(store.uri(ADAPTER_ASSET, part))}
+        if run.skipped:
+            context.log.info(f"{ADAPTER_ASSET} {window.key} x {objective}: skipped, {run.skipped}")
+            check = dg.AssetCheckResult(check_name=LOSS_DECREASED_CHECK, passed=True, description=f"nothing trained: {run.skipped}",
+                                        metadata={"skipped": True})
+            return dg.MaterializeResult(metadata=metadata | {"skipped": run.skipped}, check_results=[check])
+        metadata |= {"steps": m["steps"], "pairs": m["pairs"], "first_loss": m["first_loss"], "final_loss": m["final_loss"],
+                     "fit_seconds": m["fit_seconds"], "gain_note": run.gain_note or "none"}
+        gain = run.gain
+        if gain is not None and gain.users:
+            metadata |= {f"recall@{gain.k}_base": gain.recall_base, f"recall@{gain.k}_adapted": gain.recall_adapted,
+                         f"recall@{gain.k}_popularity": gain.recall_popularity, "gain_ratio": gain.ratio,
+                         f"ndcg@{gain.k}_base": gain.ndcg_base, f"ndcg@{gain.k}_adapted": gain.ndcg_adapted,
+                         "eval_users": gain.users, "eval_targets": gain.targets, "eval_window": run.successor}
+        ok, first, last = run.fit.loss_decreased()
+        check = dg.AssetCheckResult(check_name=LOSS_DECREASED_CHECK, passed=ok, severity=dg.AssetCheckSeverity.WARN,
+                                    description=f"mean loss {first:.4f} over the first steps, {last:.4f} over the last",
+                                    metadata={"first_loss": first, "last_loss": last})
+        context.log.info(f"{ADAPTER_ASSET} {window.key} x {objective}: {run.fit.pairs} pairs, loss {first:.3f} -> {last:.3f}; "
+                         + (run.gain_note or f"recall@{gain.k} {gain.recall_base:.4f} -> {gain.recall_adapted:.4f}"))
+        return dg.MaterializeResult(metadata=metadata, check_results=[check])
+
+    return [objective_adapter]
+
+
+def adapter_job() -> "dg.UnresolvedAssetJobDefinition":  # a string: the class is not exported by this dagster
+    """objective_adapter alone: its window x objective partitions keep it out of the window-partitioned jobs."""
+    return dg.define_asset_job(ADAPTER_JOB, selection=dg.AssetSelection.assets(ADAPTER_ASSET),
+                               description="One objective's adapter on one window's embeddings (after entity_embeddings).")
