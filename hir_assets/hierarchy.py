@@ -22,13 +22,15 @@ PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 
 
 class EntityEmbeddingsRun(dg.Config):
-    batch_size: int = 32  # seeds per forward pass (broad view: up to 657 tokens each)
+    batch_size: int = 256  # seeds per forward pass (in the checkpoint's teacher view: TrainConfig's has up to 105 tokens each)
 
 
 class InterestHierarchyRun(dg.Config):
-    temperature: float = 0.1  # softmax temperature over prototype similarity
+    temperature: float = 0.1  # softmax temperature over the cosine similarity to each primitive (its centroid)
     top_k: int = 3  # primitives kept per entity per level
     min_similarity: float = 0.5  # a prototype keeps its predecessor's id only when at least this similar
+    centroid_steps: int = 10  # k-means steps moving each primitive from its prototype to its members' centroid (0: none)
+    reseed_dead: bool = True  # a primitive nearest to nobody is re-seeded among the worst-fitted entities (k-means++)
 
 
 def _result(asset: str, name: str, passed: bool, description: str, **metadata) -> dg.AssetCheckResult:
@@ -43,7 +45,7 @@ def _previous_with(store, asset: str, key: str, filename: str) -> str | None:
 
 def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
     @dg.asset(name=EMBEDDINGS_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch", "parquet"},
-              deps=[ENCODER_ASSET, GRAPH_ASSET, CONTENT_ASSET, CATALOG_ASSET], check_specs=[
+              backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[ENCODER_ASSET, GRAPH_ASSET, CONTENT_ASSET, CATALOG_ASSET], check_specs=[
                   dg.AssetCheckSpec(FINITE_UNIT_CHECK, asset=EMBEDDINGS_ASSET, blocking=True,
                                     description="every embedding is finite with unit L2 norm"),
                   dg.AssetCheckSpec(COLD_START_CHECK, asset=EMBEDDINGS_ASSET, blocking=True,
@@ -70,6 +72,7 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asset
             "dagster/row_count": len(emb), "by_type": {t: int(c) for t, c in zip(types, counts)},
             "cold_start": int(emb.cold_start.sum()), "no_engagement_edge": build.no_engagement,
             "width": int(emb.vectors.shape[1]), "model_version": build.model_version, "seconds": round(emb.seconds, 2),
+            "view": f"{build.view.name} fanout={list(build.view.fanout)}",
             "entities_per_s": round(len(emb) / max(emb.seconds, 1e-9), 1),
             "path": dg.MetadataValue.path(store.uri(EMBEDDINGS_ASSET, window.key))})
 
@@ -83,7 +86,8 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asset
         """Multi-level interest primitives: soft top-k assignments, super-graph, ids stable across windows, labels."""
         window, store = window_of(context), storage.store()
         prev_key = _previous_with(store, HIERARCHY_ASSET, window.key, PRIMITIVES_FILE)
-        cfg = HierarchyConfig(AssignConfig(config.temperature, config.top_k), config.min_similarity)
+        cfg = HierarchyConfig(AssignConfig(config.temperature, config.top_k), config.min_similarity,
+                              centroid_steps=config.centroid_steps, reseed_dead=config.reseed_dead)
         h = hierarchy_window(store, window.key, prev_key, to_us(window.end), cfg)
         with store.writing() as staging:
             for name, file in (("assignments", ASSIGNMENTS_FILE), ("primitives", PRIMITIVES_FILE), ("super_graph", SUPER_GRAPH_FILE)):
@@ -96,6 +100,7 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asset
         return dg.MaterializeResult(check_results=[check], metadata={
             "entities": n, "primitives": per_level(lambda i: h.levels[i].num_primitives),
             "primitives_used": per_level(lambda i: int((h.levels[i].sizes() > 0).sum())),
+            "prototypes_used": per_level(lambda i: h.prototypes_used[i]),  # before the centroid fit: the model's own usage
             "raw_density": h.super_graphs[0].raw_density if h.super_graphs else 0.0,
             "super_graph_density": per_level(lambda i: round(h.super_graphs[i].density, 6)),
             "density_ratio": per_level(lambda i: round(h.super_graphs[i].density_ratio, 2)),

@@ -30,10 +30,10 @@ def _windows(args: argparse.Namespace) -> int:
 def _retrieve(args: argparse.Namespace) -> int:
     import time
 
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # before the import: its CPU-feature probing is noise here
     from hir_model.retrieval.window import load_window_index
     from hir_model.storage import PartitionStore
 
-    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise here
     query = args.entity or args.user
     start = time.perf_counter()
     try:
@@ -49,7 +49,7 @@ def _retrieve(args: argparse.Namespace) -> int:
         print(f"hir retrieve: {exc.args[0]} (window {args.window})", file=sys.stderr)
         return 2
     took = time.perf_counter() - loaded
-    how = "exact faiss" if args.exact else f"BoM, {len(r.candidates(query))} candidates"
+    how = "exact faiss" if args.exact else f"BoM, {len(r.candidates(query, args.k + bool(args.entity)))} candidates"
     print(f"{'similar to' if args.entity else 'for'} {query} [{index.describe(query)}] in {args.window}: "
           f"top {len(hits)} by {how}; loaded in {loaded - start:.2f}s, answered in {took * 1000:.1f} ms")
     for i, h in enumerate(hits, 1):

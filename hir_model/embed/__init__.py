@@ -1,12 +1,12 @@
 """Entity embeddings: every user, product, advertiser and campaign known by the window end, embedded by the window's
 trained encoder into one metric space; entities without engagement edges (cold start) from their content and type alone.
 
-Public API: `EmbedConfig`, `EntityEmbeddings`, `embed_entities`, `embeddings_schema`, `embeddings_table`, `read_embeddings`,
-`EMBEDDED_TYPES`, `EMBEDDINGS_FILE`.
+Public API: `EmbedConfig`, `EntityEmbeddings`, `embed_entities`, `trained_view`, `DEFAULT_VIEW`, `embeddings_schema`,
+`embeddings_table`, `read_embeddings`, `EMBEDDED_TYPES`, `EMBEDDINGS_FILE`.
 """
 
-from hir_model.embed.entities import (EMBEDDED_TYPES, EMBEDDINGS_FILE, EmbedConfig, EntityEmbeddings, embed_entities,
-                                      embeddings_schema, embeddings_table, read_embeddings)
+from hir_model.embed.entities import (DEFAULT_VIEW, EMBEDDED_TYPES, EMBEDDINGS_FILE, EmbedConfig, EntityEmbeddings,
+                                      embed_entities, embeddings_schema, embeddings_table, read_embeddings, trained_view)
 
-__all__ = ["EMBEDDED_TYPES", "EMBEDDINGS_FILE", "EmbedConfig", "EntityEmbeddings", "embed_entities", "embeddings_schema",
-           "embeddings_table", "read_embeddings"]
+__all__ = ["DEFAULT_VIEW", "EMBEDDED_TYPES", "EMBEDDINGS_FILE", "EmbedConfig", "EntityEmbeddings", "embed_entities",
+           "embeddings_schema", "embeddings_table", "read_embeddings", "trained_view"]

@@ -2,8 +2,9 @@
 super-graph, labels, the cross-window matching report, and the published tables.
 
 Files under `interest_hierarchy/<window>/`: `assignments` (entity_id, level, rank, primitive, weight), `primitives`
-(level, row, primitive, label, size, mass, matched, similarity, prototype), `super_graph` (level, src, dst, weight).
-`primitive` is the stable id; `row` the prototype's row in this window's checkpoint.
+(level, row, primitive, label, size, mass, matched, similarity, prototype, centroid), `super_graph` (level, src, dst,
+weight). `primitive` is the stable id; `row` the prototype's row in this window's checkpoint; entities are assigned to
+the `centroid`s (see hir_model.hierarchy.assign), ids are matched on the `prototype`s.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pyarrow.compute as pc
 from hir_model.content import to_matrix
 from hir_model.embed import EntityEmbeddings
 from hir_model.graph.csr import Graph
-from hir_model.hierarchy.assign import AssignConfig, LevelAssignment, soft_assign
+from hir_model.hierarchy.assign import AssignConfig, LevelAssignment, primitive_centroids, soft_assign
 from hir_model.hierarchy.labels import distinctive_words
 from hir_model.hierarchy.stable_ids import Matching, adjusted_rand_index, match_prototypes
 from hir_model.hierarchy.supergraph import SuperGraph, engagement_pairs, super_graph
@@ -29,6 +30,8 @@ ASSIGNMENTS_FILE, PRIMITIVES_FILE, SUPER_GRAPH_FILE = "assignments", "primitives
 class HierarchyConfig:
     assign: AssignConfig = AssignConfig()
     min_similarity: float = 0.5  # a prototype keeps its predecessor's id only when at least this similar
+    centroid_steps: int = 10  # spherical k-means steps from the prototypes to the primitives' centroids (0: prototypes)
+    reseed_dead: bool = True  # a primitive nobody is nearest to is re-seeded among the entities (k-means++)
     label_words: int = 3
     table_rows: int = 8  # top primitives per level in the markdown table
 
@@ -36,6 +39,8 @@ class HierarchyConfig:
 @dataclass(frozen=True)
 class Hierarchy:
     levels: list[LevelAssignment]  # coarse to fine; primitive = prototype row
+    centroids: list[np.ndarray]  # per level, float32 [K_l, W]: what entities are assigned to
+    prototypes_used: list[int]  # per level: prototypes nearest to at least one entity (the model's own usage)
     ids: list[Matching]  # per level: stable id of each row
     labels: list[list[str]]  # per level, per row
     super_graphs: list[SuperGraph]
@@ -75,11 +80,13 @@ def build_hierarchy(emb: EntityEmbeddings, prototypes, graph: Graph, cutoff_us: 
     users, items, weight = engagement_pairs(graph, row_of_node, cutoff_us)
     is_user = emb.entity_type == "user"
     member_texts = [texts.get(e) for e in emb.entity_id]
-    levels, ids, labels, supers, aris = [], [], [], [], []
+    levels, centroids, used, ids, labels, supers, aris = [], [], [], [], [], [], []
     common = 0
     for lvl, protos in enumerate(prototypes):
         protos = np.asarray(protos, np.float32)
-        a = soft_assign(emb.vectors, protos, config.assign)
+        centroids.append(primitive_centroids(emb.vectors, protos, config.centroid_steps, config.reseed_dead, seed=lvl))
+        used.append(len(np.unique(np.argmax(emb.vectors @ protos.T, axis=1))) if len(emb) else 0)
+        a = soft_assign(emb.vectors, centroids[-1], config.assign)
         prev_protos, prev_ids, prev_top = previous_state(previous_primitives, previous_assignments, lvl)
         m = match_prototypes(protos, prev_protos, prev_ids, config.min_similarity)
         levels.append(a), ids.append(m), supers.append(super_graph(a, users, items, weight, is_user))
@@ -87,7 +94,7 @@ def build_hierarchy(emb: EntityEmbeddings, prototypes, graph: Graph, cutoff_us: 
         both = [i for i, e in enumerate(emb.entity_id) if e in prev_top]
         common = len(both)
         aris.append(adjusted_rand_index(m.ids[a.top[both]], [prev_top[emb.entity_id[i]] for i in both]) if prev_top else None)
-    h = Hierarchy(levels, ids, labels, supers, aris, common)
+    h = Hierarchy(levels, centroids, used, ids, labels, supers, aris, common)
     h.tables.update(assignments=assignments_table(emb, h), primitives=primitives_table(h, prototypes),
                     super_graph=super_graph_table(h))
     return h
@@ -108,12 +115,14 @@ def primitives_table(h: Hierarchy, prototypes) -> pa.Table:
     parts = []
     for lvl, (a, m) in enumerate(zip(h.levels, h.ids)):
         protos = np.ascontiguousarray(np.asarray(prototypes[lvl], np.float32))
+        centres = np.ascontiguousarray(h.centroids[lvl], np.float32)
         k, w = protos.shape
         parts.append(pa.table({
             "level": pa.array(np.full(k, lvl, np.int32)), "row": pa.array(np.arange(k, dtype=np.int64)), "primitive": pa.array(m.ids),
             "label": pa.array([" ".join(x) for x in h.labels[lvl]], pa.string()), "size": pa.array(a.sizes()),
             "mass": pa.array(a.mass()), "matched": pa.array(m.matched), "similarity": pa.array(m.similarity, pa.float32()),
-            "prototype": pa.FixedSizeListArray.from_arrays(pa.array(protos.reshape(-1)), w)}))
+            "prototype": pa.FixedSizeListArray.from_arrays(pa.array(protos.reshape(-1)), w),
+            "centroid": pa.FixedSizeListArray.from_arrays(pa.array(centres.reshape(-1)), w)}))
     return pa.concat_tables(parts)
 
 

@@ -10,13 +10,14 @@ import numpy as np
 import pyarrow as pa
 
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE
-from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, EntityEmbeddings, embed_entities, read_embeddings
+from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, EntityEmbeddings, embed_entities, read_embeddings, trained_view
 from hir_model.embed.entities import visible_degree
+from hir_model.graph.sampler import ViewConfig
 from hir_model.graph.window import load_window_graph
 from hir_model.hierarchy.build import (ASSIGNMENTS_FILE, PRIMITIVES_FILE, Hierarchy, HierarchyConfig, build_hierarchy,
                                        catalog_texts)
 from hir_model.storage import PartitionStore
-from hir_model.train.checkpoint import TrainedModel, load_trained_model
+from hir_model.train.checkpoint import TrainedModel, load_checkpoint, load_trained_model
 
 ENCODER_ASSET, CHECKPOINT_FILE = "hir_encoder", "checkpoint.pt"
 CONTENT_ASSET, CONTENT_FILE = "content_embeddings", "embeddings"
@@ -39,10 +40,14 @@ class EmbeddingsBuild:
     expected: int  # catalogue entities of an embedded type known by the window end
     missing: list[str]  # of those, the ones without a row (a sample)
     no_engagement: int  # rows whose entity has no engagement edge (cold start included)
+    view: ViewConfig  # the neighbourhood view warm entities were embedded from
 
 
 def embed_window(store: PartitionStore, key: str, end_us: int, config: EmbedConfig = EmbedConfig()) -> EmbeddingsBuild:
+    """Embed the window's entities with its checkpoint, in the view its teacher was trained on unless `config.view` is set."""
     model = window_model(store, key)
+    if config.view is None:
+        config = replace(config, view=trained_view(load_checkpoint(checkpoint_path(store, key)).get("extra", {})))
     graph = load_window_graph(store, key)
     content = None
     if model.encoder.cfg.content_dim:
@@ -56,7 +61,7 @@ def embed_window(store: PartitionStore, key: str, end_us: int, config: EmbedConf
     missing = [e for e in wanted if e not in have]
     no_engagement = int((visible_degree(graph, end_us, engagement_only=True)[emb.node] == 0).sum())
     return EmbeddingsBuild(emb, model.version, len(wanted), missing[:10] + ([f"... {len(missing)} in all"] if len(missing) > 10 else []),
-                           no_engagement)
+                           no_engagement, config.view)
 
 
 def load_embeddings(store: PartitionStore, key: str) -> EntityEmbeddings:
@@ -68,8 +73,8 @@ def load_embeddings(store: PartitionStore, key: str) -> EntityEmbeddings:
 def hierarchy_window(store: PartitionStore, key: str, prev_key: str | None, end_us: int,
                      config: HierarchyConfig = HierarchyConfig()) -> Hierarchy:
     """Assignments, super-graph, labels; ids matched to the previous window's when `prev_key` holds a hierarchy."""
+    emb = load_embeddings(store, key)  # first: the refusal names this asset's own input
     graph = load_window_graph(store, key)
-    emb = load_embeddings(store, key)
     emb = replace(emb, node=graph.nodes.index_of(pa.array(list(emb.entity_id), pa.string())))
     prototypes = [p.numpy() for p in window_model(store, key).prototypes]
     texts = catalog_texts(store.read(CATALOG_ASSET, key, ENTITIES_FILE, columns=["entity_id", "title", "description"]))

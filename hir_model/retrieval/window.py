@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 from hir_model.embed import EntityEmbeddings
 from hir_model.hierarchy.build import ASSIGNMENTS_FILE, PRIMITIVES_FILE
 from hir_model.hierarchy.window import HIERARCHY_ASSET, load_embeddings
-from hir_model.retrieval.index import ITEM_TYPES, IndexConfig, RecallReport, Retriever, recall_at_k, sample_users, write_index
+from hir_model.retrieval.index import (ITEM_TYPES, IndexConfig, RecallReport, Retriever, calibrate, recall_at_k, sample_users,
+                                       write_index)
 from hir_model.retrieval.tokens import PostingStats, bom_tokens, build_postings
 from hir_model.storage import PartitionStore
 
@@ -29,6 +30,7 @@ class BomBuild:
     levels: int
     entities: int
     missing_per_level: dict[int, int]  # entities with no token at a level (0 everywhere when sound)
+    probe_factor: float  # candidates per query / k (tuned unless the config fixes it)
 
 
 def build_window_index(store: PartitionStore, key: str, folder: Path, config: IndexConfig = IndexConfig()) -> BomBuild:
@@ -39,12 +41,15 @@ def build_window_index(store: PartitionStore, key: str, folder: Path, config: In
     tokens = bom_tokens(store.read(HIERARCHY_ASSET, key, ASSIGNMENTS_FILE))
     items = emb.entity_id[np.isin(emb.entity_type, ITEM_TYPES)]
     postings, stats = build_postings(tokens, items, config.max_posting_share)
-    n_items = write_index(folder, emb, tokens, postings, config)
-    recall = recall_at_k(Retriever.load(folder, emb), sample_users(emb, config.recall_users, config.seed), config.recall_k)
+    primitives = store.read(HIERARCHY_ASSET, key, PRIMITIVES_FILE, columns=["level", "primitive", "centroid"])
+    n_items = write_index(folder, emb, tokens, postings, config, primitives)
+    users = sample_users(emb, config.recall_users, config.seed)
+    factor = calibrate(folder, emb, users, config)  # on other users than the check's
+    recall = recall_at_k(Retriever.load(folder, emb), users, config.recall_k)
     levels = sorted(set(tokens["level"].to_pylist()))
     ids = set(emb.entity_id)
     missing = {lv: len(ids - set(tokens.filter(pc.equal(tokens["level"], lv))["entity_id"].to_pylist())) for lv in levels}
-    return BomBuild(tokens, stats, recall, n_items, len(levels), len(emb), missing)
+    return BomBuild(tokens, stats, recall, n_items, len(levels), len(emb), missing, factor)
 
 
 @dataclass(frozen=True)

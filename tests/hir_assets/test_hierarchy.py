@@ -33,11 +33,16 @@ MINE = [EMBEDDINGS_ASSET, HIERARCHY_ASSET, BOM_ASSET]
 RUN_CONFIG = {"ops": {BOM_ASSET: {"config": {"max_posting_share": 1.0}}}}  # 4 items: a 5% cap would keep 1 per token
 
 
-def fake_checkpoint(store: PartitionStore, key: str) -> None:
-    """Random weights in the hir_encoder partition folder (training is another issue: this tests wiring, not quality)."""
+PERMS = [[1, 0], [2, 0, 1]]  # window 2's prototype rows: window 1's, reordered
+
+
+def fake_checkpoint(store: PartitionStore, key: str, permute: bool = False) -> None:
+    """Random weights in the hir_encoder partition folder (training is another issue: this tests wiring, not quality);
+    `permute`: the same prototypes in another row order (what a retrained checkpoint may well do)."""
     torch.manual_seed(0)
     enc = Encoder(EncoderConfig(layers=1, heads=2, width=16, hash_hidden=16, compile_dense_bias=False))
     protos = [torch.nn.functional.normalize(torch.randn(k, 16), dim=-1) for k in (2, 3)]
+    protos = [p[perm] for p, perm in zip(protos, PERMS)] if permute else protos
     path = checkpoint_path(store, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(path, enc, protos, step=0, window=key)
@@ -54,8 +59,8 @@ def materialised(byo: Path, tmp_path: Path):
                                                    "source": SourceResource.from_config(config)}).resolve_implicit_global_asset_job_def()
     store, instance = PartitionStore(config.storage_uri), dg.DagsterInstance.ephemeral()
     results = []
-    for key in KEYS:
-        fake_checkpoint(store, key)
+    for i, key in enumerate(KEYS):
+        fake_checkpoint(store, key, permute=i > 0)
         results.append(job.execute_in_process(partition_key=key, instance=instance, run_config=RUN_CONFIG, raise_on_error=False))
     return config, store, results
 
@@ -79,10 +84,14 @@ def test_assets_materialise_and_pass_checks(materialised):
     assert second["by_type"]["product"] == 3 and second["cold_start"] >= 1  # p3 arrives in window 2 with no events: cold start
     h1, h2 = (metadata(r, HIERARCHY_ASSET) for r in results)
     assert h1["previous_partition"].startswith("none") and h2["previous_partition"] == KEYS[0]
-    assert h2["share_matched"] == {"L0": 1.0, "L1": 1.0}  # same prototypes: every id carried over
+    assert h2["share_matched"] == {"L0": 1.0, "L1": 1.0}  # same prototypes, reordered: every id carried over
+    prims = store.read(HIERARCHY_ASSET, KEYS[1], "primitives").to_pandas()
+    for lvl, perm in enumerate(PERMS):  # row r of window 2 is row perm[r] of window 1, whose id was perm[r]
+        assert prims[prims.level == lvl].sort_values("row").primitive.tolist() == perm
     assert "| level | primitive |" in h1["top_primitives"]
     assert metadata(results[1], BOM_ASSET)["recall_at_100"] == 1.0
-    assert {p.name for p in store.files(BOM_ASSET, KEYS[1])} == {"tokens.parquet", "postings.parquet", "items.parquet", "items.faiss"}
+    assert {p.name for p in store.files(BOM_ASSET, KEYS[1])} == {"tokens.parquet", "postings.parquet", "items.parquet",
+                                                                   "items.faiss", "codebook.parquet", "probe.json"}
 
 
 def test_cli_retrieve_prints_items_tokens_and_labels(materialised, monkeypatch, capsys):

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from hir_model.embed import embed_entities, embeddings_table, read_embeddings
-from hir_model.hierarchy import (AssignConfig, adjusted_rand_index, build_hierarchy, distinctive_words, match_prototypes,
-                                 soft_assign, super_graph)
+from hir_model.hierarchy import (AssignConfig, HierarchyConfig, adjusted_rand_index, build_hierarchy, distinctive_words,
+                                 match_prototypes, primitive_centroids, soft_assign, super_graph)
 from tests.hir_model.graph.graphs import AS_OF
 from tests.hir_model.retrieval.fixtures import WIDTH, tiny_model, tiny_world
 
@@ -24,6 +24,24 @@ def test_soft_assign_matches_softmax_top_k():
     np.testing.assert_allclose(a.weight, expect / expect.sum(1, keepdims=True), rtol=1e-6)
     np.testing.assert_allclose(a.weight.sum(1), 1.0, rtol=1e-6)
     assert a.sizes().tolist() == [1, 1, 0]
+
+
+def test_primitive_centroids_move_to_their_members_and_reseed_unused_ones_on_request():
+    rng = np.random.default_rng(0)
+    centre = np.array([[1.0, 1.0, 0.0], [1.0, -1.0, 0.0]]) / np.sqrt(2)
+    x = np.concatenate([c + 0.05 * rng.normal(size=(50, 3)) for c in centre]).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    protos = np.array([[0.2, 0.3, 1.0], [0.2, -0.3, 1.0], [-1.0, 0.0, 0.0]], np.float32)  # off the data; the third unused
+    c = primitive_centroids(x, protos, 5)
+    np.testing.assert_allclose(c[:2], centre, atol=0.02)
+    np.testing.assert_allclose(c[2], [-1, 0, 0])  # nobody is nearest to it: it stays at its prototype
+    np.testing.assert_allclose(np.linalg.norm(c, axis=1), 1, rtol=1e-6)
+    np.testing.assert_allclose(primitive_centroids(x, protos, 0), protos / np.linalg.norm(protos, axis=1, keepdims=True))
+    assert (soft_assign(x, c).top == np.repeat([0, 1], 50)).all()
+    again = primitive_centroids(x, protos, 5, reseed=True)  # the unused one is re-seeded among the entities
+    assert len(np.unique(soft_assign(x, again).top)) == 3
+    perm = np.array([2, 0, 1])
+    np.testing.assert_allclose(primitive_centroids(x, protos[perm], 5, reseed=True), again[perm], atol=1e-6)  # row order free
 
 
 def test_top_k_larger_than_levels_keeps_every_primitive():
@@ -101,13 +119,17 @@ def test_hierarchy_ids_follow_prototypes_across_windows():
     emb = embed_entities(model, graph, AS_OF, content)
     protos = [p.numpy() for p in model.prototypes]
     first = build_hierarchy(emb, protos, graph, AS_OF, {})
-    second = build_hierarchy(emb, [p[::-1].copy() for p in protos], graph, AS_OF, {}, first.tables["primitives"],
+    perms = [np.random.default_rng(lvl).permutation(len(p)) for lvl, p in enumerate(protos)]
+    second = build_hierarchy(emb, [p[perm] for p, perm in zip(protos, perms)], graph, AS_OF, {}, first.tables["primitives"],
                              first.tables["assignments"])
-    for lvl, p in enumerate(protos):
-        assert second.ids[lvl].ids.tolist() == list(range(len(p)))[::-1]
+    for lvl, perm in enumerate(perms):
+        assert second.ids[lvl].ids.tolist() == perm.tolist()  # row r of window 2 is prototype perm[r] of window 1
         assert second.ari[lvl] == pytest.approx(1.0)
     a, b = first.tables["assignments"], second.tables["assignments"]  # same entities, same stable ids
     assert a.drop(["weight"]).equals(b.drop(["weight"]))
     np.testing.assert_allclose(a["weight"].to_numpy(), b["weight"].to_numpy(), atol=1e-5)
     assert all(s.density_ratio > 1 for s in first.super_graphs)
     assert "| level | primitive |" in first.markdown()
+    raw = build_hierarchy(emb, protos, graph, AS_OF, {}, config=HierarchyConfig(centroid_steps=0))
+    for a, p in zip(raw.levels, protos):  # no steps: assigned to the prototypes themselves
+        np.testing.assert_array_equal(a.top, np.argmax(emb.vectors @ p.T, axis=1))

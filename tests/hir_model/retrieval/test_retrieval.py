@@ -9,8 +9,8 @@ import pytest
 
 from hir_model.embed import EntityEmbeddings, embed_entities
 from hir_model.hierarchy import build_hierarchy
-from hir_model.retrieval import (FAISS_FILE, IndexConfig, Retriever, bom_tokens, build_faiss, build_postings, recall_at_k,
-                                 sample_users, write_index)
+from hir_model.retrieval import (FAISS_FILE, IndexConfig, Retriever, bom_tokens, build_faiss, build_postings, calibrate,
+                                 posting_cap, recall_at_k, sample_users, tune_probe_factor, write_index)
 from tests.hir_model.graph.graphs import AS_OF
 from tests.hir_model.retrieval.fixtures import tiny_model, tiny_world
 
@@ -33,14 +33,20 @@ def test_tokens_and_postings_sorted_by_weight_and_capped():
     assert stats.cap == 1 and stats.truncated == 1 and stats.longest == 1
 
 
-def crafted_retriever(tmp_path, vectors: dict[str, list[float]], types: dict[str, str], token_rows) -> Retriever:
+def crafted_retriever(tmp_path, vectors: dict[str, list[float]], types: dict[str, str], token_rows,
+                      centroids: dict[tuple[int, int], list[float]] | None = None) -> Retriever:
     ids = list(vectors)
     v = np.array([vectors[e] for e in ids], np.float32)
     emb = EntityEmbeddings(np.array(ids, object), np.array([types[e] for e in ids], object), v / np.linalg.norm(v, axis=1, keepdims=True),
                            np.zeros(len(ids), bool), np.arange(len(ids)))
     tok = tokens_table(token_rows)
     post, _ = build_postings(tok, [e for e in ids if types[e] != "user"], max_share=1.0)
-    write_index(tmp_path, emb, tok, post)
+    primitives = None
+    if centroids:
+        (lv, p), c = zip(*centroids), np.array(list(centroids.values()), np.float32)
+        primitives = pa.table({"level": pa.array(lv, pa.int32()), "primitive": pa.array(p, pa.int64()),
+                               "centroid": pa.FixedSizeListArray.from_arrays(pa.array(c.reshape(-1)), c.shape[1])})
+    write_index(tmp_path, emb, tok, post, primitives=primitives)
     return Retriever.load(tmp_path, emb)
 
 
@@ -58,6 +64,56 @@ def test_retrieve_reranks_postings_by_dot_product(tmp_path):
     assert report.recall == pytest.approx(0.5) and report.candidates_per_query == 3 and report.items == 4
     with pytest.raises(KeyError, match="no embedding"):
         r.retrieve("nobody")
+
+
+def test_probing_takes_the_nearest_fine_primitives_up_to_the_budget(tmp_path):
+    """The user's own fine token is L1:1; probing adds L1:2's heaviest items (its centroid is next nearest), never L1:3."""
+    vectors = {"u": [1, 0.1], "a1": [1, 0], "a2": [1, 0.2], "b1": [0.7, 0.7], "b2": [0.8, 0.6], "b3": [0.6, 0.8], "c1": [-1, 0]}
+    types = {e: "user" if e == "u" else "product" for e in vectors}
+    rows = [("u", 1, 0, 1, 1.0), ("a1", 1, 0, 1, 1.0), ("a2", 1, 0, 1, 0.9), ("b1", 1, 0, 2, 0.5), ("b2", 1, 0, 2, 0.9),
+            ("b3", 1, 0, 2, 0.7), ("c1", 1, 0, 3, 1.0)] + [(e, 0, 0, 0, 1.0) for e in vectors]  # one coarse token for all
+    centroids = {(0, 0): [1, 0], (1, 1): [1, 0.1], (1, 2): [0.7, 0.7], (1, 3): [-1, 0]}
+    r = crafted_retriever(tmp_path, vectors, types, rows, {k: list(np.array(c) / np.linalg.norm(c)) for k, c in centroids.items()})
+    got = lambda f, k: sorted(r.item_ids[r.with_probe_factor(f).candidates("u", k)].tolist())  # noqa: E731
+    assert got(1.0, 2) == ["a1", "a2"]  # the budget is met by the nearest primitive alone
+    assert got(1.0, 3) == ["a1", "a2", "b2"]  # then the next one's heaviest entry
+    assert got(2.5, 2) == ["a1", "a2", "b1", "b2", "b3"]  # 5 = ceil(2.5 x 2): L1:3 is never needed
+    assert got(0, 2) == sorted(r.item_ids.tolist())  # no probing: its stored tokens (the coarse one holds everything)
+    assert len(r.with_probe_factor(10.0).candidates("u", 2)) == 6  # fine level exhausted: the coarse level follows
+    assert [h.entity_id for h in r.with_probe_factor(1.0).retrieve("u", 3)] == ["a2", "a1", "b2"]  # reranked by dot product
+    assert r.budget(3) == 9  # the default probe_factor (3.0)
+    # exact top-4: a2 a1 b2 b1; probe order: a1 a2 (L1:1 by weight), b2 b3 b1 (L1:2 by weight)
+    assert r.item_ids[r.probe_order("u", 10)].tolist() == ["a1", "a2", "b2", "b3", "b1", "c1"]
+    assert tune_probe_factor(r, ["u"], 4, 1.0, 10) == 1.25  # b1 is 5th: 5 candidates for all four
+    assert tune_probe_factor(r, ["u"], 4, 0.75, 10) == 0.75  # three of four within the first 3
+    assert tune_probe_factor(r, ["u"], 4, 1.0, 4) == 1.0  # capped
+    assert calibrate(tmp_path, r.emb, [], IndexConfig(recall_k=4, target_recall=1.0, max_candidate_share=1.0)) == 1.25
+    assert Retriever.load(tmp_path, r.emb).probe_factor == 1.25  # probe.json
+    assert calibrate(tmp_path, r.emb, ["u"], IndexConfig(recall_k=4)) == 3.0  # no calibration user left: the default
+
+
+def test_token_and_posting_invariants(tmp_path):
+    """On the tiny world: a token per level for every entity (cold start too), weights summing to one per level, lists
+    sorted by weight and within the cap, every posting an item's own token."""
+    graph, content, _ = tiny_world()
+    emb = embed_entities(tiny_model(), graph, AS_OF, content)
+    h = build_hierarchy(emb, [p.numpy() for p in tiny_model().prototypes], graph, AS_OF, {})
+    tok = bom_tokens(h.tables["assignments"]).to_pandas()
+    per_level = tok.groupby(["entity_id", "level"]).weight.agg(["size", "sum"])
+    assert len(per_level) == len(emb) * len(h.levels)  # every (entity, level) pair has tokens
+    np.testing.assert_allclose(per_level["sum"], 1.0, rtol=1e-5)
+    assert tok.token.str.fullmatch(r"L\d+:\d+").all() and (tok.weight > 0).all()
+    assert set(tok[tok.entity_id == "n31"].level) == {0, 1}  # the cold-start product is tokenised at every level
+    items = emb.entity_id[np.isin(emb.entity_type, ("product", "advertiser"))]
+    post, stats = build_postings(bom_tokens(h.tables["assignments"]), items, max_share=0.2)
+    p = post.to_pandas()
+    cap = posting_cap(len(items), 0.2)
+    assert p.groupby("token").size().max() <= cap == stats.cap and set(p.entity_id) <= set(items)
+    assert all((np.diff(g.weight.to_numpy()) <= 0).all() for _, g in p.groupby("token"))
+    pairs = set(zip(tok.token, tok.entity_id))
+    assert all(pair in pairs for pair in zip(p.token, p.entity_id))
+    uncapped, _ = build_postings(bom_tokens(h.tables["assignments"]), items, max_share=1.0)
+    assert "n31" in set(uncapped["entity_id"].to_pylist())  # the cold-start product is reachable through the index
 
 
 def test_faiss_round_trip_exact_and_hnsw(tmp_path):
