@@ -13,6 +13,12 @@ materialised here).
 
     python benchmarks/quality.py            # synthetic at 100k and 400k events/window, all MovieLens windows
     python benchmarks/quality.py --quick    # synthetic at 20k and 80k events/window, the last 8 MovieLens windows
+    python benchmarks/quality.py --store .hir/storage/movielens   # HIR beside the baselines on a materialised store
+
+`--store` reads a store the pipeline materialised (the demo's: HIR's entity_embeddings, hir_encoder, graph and
+content of every window), evaluates every window with a successor exactly as the `window_evaluation` asset does
+(`evaluate_published_window`, warm-starting window to window in process; nothing is written to the store) and prints
+the same lines with HIR as one more method. The windows come from the configured source (HIR_SOURCE, hir.toml).
 
 Prints one `key=value` line per (case, method, slice, target) with Recall@20 and NDCG@20, a line per case
 with its cost, the MovieLens last-4 line per method, and writes markdown + HTML reports under --out.
@@ -90,6 +96,7 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
 
 
 def movielens_last(results: list, last: int = 4) -> None:
+    """Deep-funnel Recall@20 of warm and cold users per method, averaged over the last `last` evaluated windows."""
     rows = {(r.method, r.users): r for r in summary(results, last) if r.target == "deep_funnel" and r.items == "known"}
     for method in dict.fromkeys(m for m, _ in rows):
         warm, cold = rows.get((method, "warm")), rows.get((method, "cold"))
@@ -100,13 +107,54 @@ def movielens_last(results: list, last: int = 4) -> None:
               f"cold_users_per_window={cold.users_per_window if cold else 0:.1f}", flush=True)
 
 
+def run_store(root: Path, out: Path, last: int = 4) -> list:
+    """Every window of a materialised store through `evaluate_published_window` (HIR + baselines), in time order."""
+    import pyarrow.parquet as pq
+
+    from hir_model.config import load_config
+    from hir_model.eval.window import WindowOutcome, evaluate_published_window
+
+    config = load_config()
+    source = config.make_source()
+    spec = config.window_spec(source)
+    truth_path = Path(getattr(source, "data_dir", "")) / "ground_truth" / "entities.parquet"
+    truth = pq.read_table(truth_path) if config.source == "synthetic" and truth_path.is_file() else None
+    store, results, previous = PartitionStore(root), [], None
+    t0 = time.perf_counter()
+    for window in spec.windows():
+        outcome = evaluate_published_window(store, spec, window.key, truth=truth, previous=previous)
+        if isinstance(outcome, WindowOutcome):
+            previous = outcome
+            results.append(outcome.evaluation)
+            hir = outcome.extras.get("hir", {})
+            print(f"case=store window={window.key} hir={'yes' if hir.get('evaluated') else 'no (' + hir.get('reason', '') + ')'} "
+                  + " ".join(f"{t.method}_s={t.fit_s + t.score_s:.2f}" for t in outcome.evaluation.timings)
+                  + "".join(f" nmi_L{a.level}={a.nmi:.3f} ari_L{a.level}={a.ari:.3f}" for a in outcome.agreement
+                            if a.level == a.planted_level), flush=True)
+        else:
+            results.append(outcome)
+    name = f"store_{config.source}"
+    for row in summary(results):
+        print(f"case={name} method={row.method} users={row.users} items={row.items} target={row.target} windows={row.windows} "
+              f"recall@20={row.values['recall@20']:.4f} ndcg@20={row.values['ndcg@20']:.4f}", flush=True)
+    movielens_last(results, last)
+    print(f"case={name} windows_evaluated={len(evaluated(results))} eval_s={time.perf_counter() - t0:.1f}", flush=True)
+    files = write_report(results, out / name, title=f"{root}: HIR and baselines, next-window evaluation", last=last)
+    print(f"case={name} report={files.html}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller synthetic sizes, the last 8 MovieLens windows")
     parser.add_argument("--out", type=Path, default=ROOT / ".hir" / "benchmarks" / "quality", help="where reports go")
     parser.add_argument("--cases", default="synthetic,movielens", help="comma-separated: synthetic, movielens")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data", help="holds ml-100k/ (fetched by `make data`)")
+    parser.add_argument("--store", type=Path, help="evaluate HIR beside the baselines on this materialised store (and nothing else)")
     args = parser.parse_args()
+    if args.store:
+        run_store(args.store, args.out)
+        return
     cases = set(args.cases.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

@@ -4,8 +4,12 @@ split.py     window t's train set (everything before end(t)) and t+1's warm / co
 metrics.py   Recall@K and NDCG@K over full rankings
 method.py    the `Method` protocol every ranked method implements (HIR plugs in as one more)
 popularity.py, content_knn.py, als.py, lightgcn.py, baselines.py   the baselines
+hir.py       HIR as a `Method`: window t's published embeddings, cold users through the frozen encoder
+agreement.py NMI / ARI of the hierarchy against planted interests; per-level primitive affinities (lift features)
 text_vectors.py  a hashed TF-IDF stand-in for content vectors when `content_embeddings` is not materialised
 lift.py      the downstream conversion model with and without an extra feature block
 run.py       evaluate_window(store, spec, key, methods) from the published tables
-report.py    markdown table, PNG plots, self-contained HTML
+window.py    one window as the `window_evaluation` asset computes it: HIR + baselines, lift, agreement, BoM, warm starts
+publish.py   the asset's files (metrics, summary, baseline state) and reading them back over windows
+report.py    markdown table, PNG plots, self-contained HTML over the published windows
 """

@@ -107,19 +107,23 @@ def lift_table(results: Sequence[WindowEvaluation | WindowSkipped]) -> str:
     return "\n".join(lines)
 
 
-def _png(fig) -> bytes:
+def _png(fig, dpi: int = 110, tight: bool = True) -> bytes:
+    """tight=False skips the extra draw `bbox_inches="tight"` makes (half the cost of a small plot)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    if tight:
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    else:
+        fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     return buf.getvalue()
 
 
 def plot_per_window(results: Sequence[WindowEvaluation | WindowSkipped], metric: str = "recall@20",
-                    target: str = "deep_funnel") -> bytes:
+                    target: str = "deep_funnel", slices: Sequence[tuple[str, str]] = SLICES, dpi: int = 110) -> bytes:
     """PNG: `metric` per window, one line per method, one panel per slice (warm, cold, cold-start items)."""
     evals = evaluated(results)
     methods = list(dict.fromkeys(m for e in evals for m in e.methods))
-    panels = [s for s in SLICES if any(r.users == s[0] and r.items == s[1] and r.target == target for e in evals for r in e.results)]
+    panels = [s for s in slices if any(r.users == s[0] and r.items == s[1] and r.target == target for e in evals for r in e.results)]
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.2 * max(len(panels), 1), 3.6), squeeze=False)
     for ax, (users, items) in zip(axes[0], panels):
         for method in methods:
@@ -128,7 +132,10 @@ def plot_per_window(results: Sequence[WindowEvaluation | WindowSkipped], metric:
         ax.set_xticks(range(len(evals)), [e.window for e in evals], rotation=90, fontsize=6)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    return _png(fig)
+    if dpi < 110:  # the cheap variant (the asset's metadata, redrawn every window): fixed margins, one draw
+        fig.subplots_adjust(bottom=0.3, top=0.9, left=0.08, right=0.98, wspace=0.2)
+        return _png(fig, dpi, tight=False)
+    return _png(fig, dpi)
 
 
 def plot_cold_vs_warm(results: Sequence[WindowEvaluation | WindowSkipped], metric: str = "recall@20",
@@ -150,9 +157,27 @@ def plot_cold_vs_warm(results: Sequence[WindowEvaluation | WindowSkipped], metri
     return _png(fig)
 
 
+def extras_table(extras: dict[str, dict]) -> str:
+    """Per window: HIR's own numbers (cold users embedded, BoM vs exact top-k, agreement with planted interests)."""
+    lines = ["| window | HIR | cold users embedded | BoM vs exact | planted agreement (NMI / ARI, level l vs planted l) | "
+             "warm-started from |",
+             "|---|---|---|---|---|---|"]
+    for key, x in sorted(extras.items()):
+        hir = x.get("hir", {})
+        bom = x.get("bom_vs_exact")
+        agree = " ".join(f"L{a['level']}: {a['nmi']:.3f} / {a['ari']:.3f}" for a in x.get("agreement", [])
+                         if a["level"] == a["planted_level"]) or "-"
+        warm = ", ".join(sorted(set((x.get("warm_started_from") or {}).values()))) or "-"
+        lines.append(f"| {key} | {'yes' if hir.get('evaluated') else 'no: ' + str(hir.get('reason', ''))} | "
+                     f"{hir.get('cold_users_encoded', '-')} | "
+                     f"{'recall@%d %.3f (%d users)' % (bom['k'], bom['recall'], bom['queries']) if bom else '-'} | {agree} | {warm} |")
+    return "\n".join(lines)
+
+
 def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str = "HIR window evaluation",
-                last: int | None = 4) -> str:
-    """A self-contained page: tables (all windows and the last `last`), plots inlined as base64 PNGs, skips."""
+                last: int | None = 4, extras: dict[str, dict] | None = None) -> str:
+    """A self-contained page: tables (all windows and the last `last`), plots inlined as base64 PNGs, skips; with
+    `extras` ({window: published extras}) a table of HIR's own numbers per window."""
     def img(png: bytes) -> str:
         return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"/>'
 
@@ -170,6 +195,7 @@ def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str 
              "<h2>Cold vs warm</h2>" + img(plot_cold_vs_warm(results, last=last)),
              "<h2>Downstream conversion model</h2>" + table(lift_table(results)),
              "<h2>Cost</h2>" + table(timing_table(results)),
+             "<h2>HIR per window</h2>" + table(extras_table(extras)) if extras else "",
              "<h2>Skipped</h2><ul>" + "".join(f"<li>{html.escape(s.window)}: {html.escape(s.reason)}</li>" for s in skipped) + "</ul>"]
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
              "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}")
@@ -198,3 +224,44 @@ def write_report(results: Sequence[WindowEvaluation | WindowSkipped], folder: st
     files.per_window_png.write_bytes(plot_per_window(results))
     files.cold_vs_warm_png.write_bytes(plot_cold_vs_warm(results, last=last))
     return files
+
+
+def write_html_report(store, keys: Sequence[str], path: str | Path, title: str = "HIR window evaluation", last: int | None = 4) -> Path:
+    """One self-contained HTML page over every published `window_evaluation` among `keys` (the others listed as skipped)."""
+    from hir_model.eval.publish import collect, extras_of
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html_report(collect(store, keys), title, last, extras_of(store, keys)))
+    return path
+
+
+def print_last_window(store, keys: Sequence[str], html: str | Path | None = None, out=None) -> str | None:
+    """Print the latest evaluated window's table (and where the HTML report is); returns that window's key."""
+    import sys
+
+    from hir_model.eval.publish import collect
+
+    out = out or sys.stdout
+    evals = evaluated(collect(store, keys))
+    if not evals:
+        print("no window evaluated yet (window_evaluation needs the next window's events)", file=out)
+        return None
+    e = evals[-1]
+    print(f"\nEvaluation of window {e.window} on {e.next_window} ({e.counts.warm_users} warm, {e.counts.cold_users} cold users; "
+          f"{len(evals)} windows evaluated):\n", file=out)
+    print(markdown_table([e]), file=out)
+    if len(evals) > 1:
+        n = min(len(evals), 4)
+        print(f"\nAveraged over the last {n} evaluated windows:\n", file=out)
+        print(markdown_table(evals, n), file=out)
+    if html is not None:
+        print(f"\nHTML report: {html}", file=out)
+    return e.window
+
+
+def report_windows(store, keys: Sequence[str], path: str | Path, title: str = "HIR window evaluation", out=None) -> Path:
+    """What `make demo` ends with: write the HTML report over `keys`, print the last evaluated window's table and the path."""
+    html = write_html_report(store, keys, path, title)
+    print_last_window(store, keys, html, out)
+    return html

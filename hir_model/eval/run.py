@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import Window, WindowSpec
-from hir_model.eval.lift import LiftConfig, LiftResult, conversion_lift, pair_features
+from hir_model.eval.lift import LiftConfig, LiftResult, PairFeatures, conversion_lift, pair_features
 from hir_model.eval.method import Method
 from hir_model.eval.metrics import RankingMetrics, ranking_metrics
 from hir_model.eval.split import (CATALOG_COLUMNS, EVENT_COLUMNS, ITEM_GROUPS, TARGET_KINDS, ItemSpace, SplitConfig,
@@ -44,7 +44,7 @@ class EvalConfig:
     content: str = "auto"  # "asset" (content_embeddings), "text" (hashed TF-IDF stand-in), "auto" (asset if there)
     text: TextVectorConfig = TextVectorConfig()
     lift: LiftConfig = LiftConfig()
-    lift_method: str | None = "mf_als"  # whose warm-user pair score is the extra lift block (HIR's features later)
+    lift_method: str | None = "mf_als"  # whose warm-user pair score is the extra lift block (the asset: "hir")
     score_batch: int = 1024  # queries scored at once
     seed: int = 0  # of the candidates' tie-break order (shared by every method)
 
@@ -231,24 +231,36 @@ def evaluate_split(split: WindowSplit, methods: Sequence[Method], config: EvalCo
     return tuple(results), tuple(timings)
 
 
-def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], config: EvalConfig) -> LiftResult:
+LiftFeatures = Callable[[PairFeatures], tuple[np.ndarray, tuple[str, ...]]]  # (P, E) extra pair features, their names
+
+
+def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], config: EvalConfig,
+          lift_features: LiftFeatures | None = None) -> LiftResult:
+    """Base features vs base + the extra block: `lift_method`'s warm-user pair score and `lift_features`' columns."""
     pairs = pair_features(split, next_events, config.split, config.lift)
+    blocks, names = [], []
     chosen = [m for m in methods if m.name == config.lift_method]
-    if not chosen:
+    if chosen:
+        warm = pairs.user_index >= 0
+        known = pairs.item_index < split.items.n_known
+        score = np.zeros(len(pairs.y))
+        users, inverse = np.unique(pairs.user_index[warm], return_inverse=True)
+        if len(users):  # the method's score of the pair from the user's history only (nothing of t+1)
+            s = _score(chosen[0], warm_queries(split.train, users), split.items, config.score_batch)
+            score[warm] = s[inverse, pairs.item_index[warm]]
+        blocks.append(np.column_stack([np.where(warm & known, score, 0.0), (warm & known).astype(float)]))
+        names += [f"{chosen[0].name}_score", f"{chosen[0].name}_scored"]
+    if lift_features is not None:
+        extra, extra_names = lift_features(pairs)
+        blocks.append(np.asarray(extra, np.float64).reshape(len(pairs.y), -1))
+        names += list(extra_names)
+    if not blocks:
         return conversion_lift(pairs, config=config.lift)
-    warm = pairs.user_index >= 0
-    known = pairs.item_index < split.items.n_known
-    score = np.zeros(len(pairs.y))
-    users, inverse = np.unique(pairs.user_index[warm], return_inverse=True)
-    if len(users):  # the method's score of the pair from the user's history only (nothing of t+1)
-        s = _score(chosen[0], warm_queries(split.train, users), split.items, config.score_batch)
-        score[warm] = s[inverse, pairs.item_index[warm]]
-    extra = np.column_stack([np.where(warm & known, score, 0.0), (warm & known).astype(float)])
-    return conversion_lift(pairs, extra, (f"{chosen[0].name}_score", f"{chosen[0].name}_scored"), config.lift)
+    return conversion_lift(pairs, np.hstack(blocks), tuple(names), config.lift)
 
 
 def evaluate_window(store, spec: WindowSpec, key: str, methods: Sequence[Method], config: EvalConfig = EvalConfig(),
-                    reader: TableReader | None = None) -> WindowEvaluation | WindowSkipped:
+                    reader: TableReader | None = None, lift_features: LiftFeatures | None = None) -> WindowEvaluation | WindowSkipped:
     """Metrics of every method fitted on windows <= `key`, tested on the next window's events."""
     window = spec.window(key)
     next_window = spec.next(window)
@@ -262,7 +274,7 @@ def evaluate_window(store, spec: WindowSpec, key: str, methods: Sequence[Method]
         items, content_source = item_content(reader, split.items, window, next_window, config)
         split = WindowSplit(split.window, split.next_window, split.train, items, split.warm, split.cold, split.counts)
     results, timings = evaluate_split(split, methods, config)
-    lift = _lift(split, next_events, methods, config) if config.lift_method is not None else None
+    lift = _lift(split, next_events, methods, config, lift_features) if config.lift_method is not None or lift_features else None
     log.info("evaluated %s on %s: %d warm, %d cold users", key, next_window.key, split.counts.warm_users, split.counts.cold_users)
     return WindowEvaluation(key, next_window.key, split.counts, content_source, results, timings, lift,
                             tuple(m.name for m in methods))

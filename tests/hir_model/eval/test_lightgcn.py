@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hir_model.eval.lightgcn import LightGCN, LightGCNConfig, normalised_adjacency, propagate
+from hir_model.eval.lightgcn import LightGCN, LightGCNConfig, _MeanPropagation, normalised_adjacency, propagate
 from hir_model.eval.metrics import ranking_metrics
 from hir_model.eval.popularity import Popularity
 from tests.hir_model.eval.planted import as_cold, planted, top1
@@ -43,6 +43,20 @@ def test_gradient_equals_the_dense_reference():
     layers = [e_dense, a_hat @ e_dense, a_hat @ (a_hat @ e_dense)]
     (torch.stack(layers).mean(0) * w).sum().backward()
     torch.testing.assert_close(e_sparse.grad, e_dense.grad)
+
+
+def test_fused_mean_propagation_matches_the_layerwise_one_forward_and_backward():
+    user, item = np.array([0, 0, 1, 2, 2, 2, 3]), np.array([0, 1, 1, 2, 3, 4, 0])
+    adj = normalised_adjacency(user, item, 4, 6)
+    w = torch.randn(10, 5)
+    fused = torch.randn(10, 5, requires_grad=True)
+    layerwise = fused.detach().clone().requires_grad_(True)
+    out_fused = _MeanPropagation.apply(fused, adj, 3)
+    out_layerwise = propagate(adj, layerwise, 3).mean(0)
+    torch.testing.assert_close(out_fused, out_layerwise)
+    (out_fused * w).sum().backward()
+    (out_layerwise * w).sum().backward()
+    torch.testing.assert_close(fused.grad, layerwise.grad)
 
 
 def test_lightgcn_beats_popularity_on_planted_clusters():

@@ -1,8 +1,8 @@
 import subprocess
 import sys
 
-MODULES = ("als", "baselines", "content_knn", "lift", "lightgcn", "method", "metrics", "popularity", "report", "run", "split",
-           "text_vectors")
+MODULES = ("agreement", "als", "baselines", "content_knn", "hir", "lift", "lightgcn", "method", "metrics", "popularity", "publish",
+           "report", "run", "split", "text_vectors", "window")
 
 
 def test_eval_never_imports_dagster():

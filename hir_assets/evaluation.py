@@ -1,0 +1,155 @@
+"""Evaluation stage: window_evaluation (window t's artefacts judged on window t+1's events, beside the baselines).
+
+Window t is evaluated once window t+1's `raw_events` are published. Until then the asset is skipped: the run
+succeeds, the partition stays unmaterialised, and an observation on the asset (and a warning in the run log) says
+why. So window t's own run skips it; `build_evaluation_job` (window_evaluation alone) evaluates t once t+1 is in,
+e.g. right after t+1's run, or as a second pass over the windows.
+"""
+
+
+import base64
+from datetime import datetime, timezone
+
+import dagster as dg
+import pyarrow.parquet as pq
+
+from dagster_project.partitions import window_of
+from dagster_project.resources import PartitionStorage, SourceResource
+from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
+from hir_model.data.windows import CRON, WindowSpec
+from hir_model.eval.agreement import agreement_markdown
+from hir_model.eval.hir import HIRMethodConfig
+from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, STATE_FILE, SUMMARY_FILE, collect, save_states, summary_table
+from hir_model.eval.report import lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, timing_table
+from hir_model.eval.run import CONTENT_ASSET
+from hir_model.eval.window import (BOM_ASSET, HIERARCHY_ASSET, WindowEvalConfig, WindowOutcome, evaluate_published_window,
+                                   future_reads)
+from hir_model.graph.window import GRAPH_ASSET
+from hir_model.hierarchy.window import EMBEDDINGS_ASSET, ENCODER_ASSET
+
+GROUP = "evaluation"
+EVALUATION_JOB = "window_evaluation_job"
+CAUSAL_READS_CHECK = "reads_only_t_and_next_events"
+HIR_EVALUATED_CHECK = "hir_evaluated"
+THIS_AND_NEXT = dg.TimeWindowPartitionMapping(start_offset=0, end_offset=1, allow_nonexistent_upstream_partitions=True)
+PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+USER_SLICES = (("warm", "known"), ("cold", "known"))  # the per-window plot in the metadata: warm and cold users
+DESCRIPTION = ("Window t's artefacts on window t+1's events: HIR beside popularity, content, MF and LightGCN; "
+               "warm and cold users apart; skipped until t+1's events exist.")
+
+
+class WindowEvaluationRun(dg.Config):
+    cold_users: str = "encoder"  # HIR's cold users: "encoder" (frozen encoder on their context) or "mean" (of context items)
+    warm_start: bool = True  # LightGCN and ALS start from the latest earlier window's saved state
+
+
+def spec_of(partitions: dg.TimeWindowPartitionsDefinition) -> WindowSpec:
+    """The window spec behind the partitions (the windows the source covers today)."""
+    kind = {cron: k for k, cron in CRON.items()}[partitions.cron_schedule]
+    utc = lambda ts: datetime.fromtimestamp(ts.timestamp(), timezone.utc)  # noqa: E731
+    return WindowSpec(kind, utc(partitions.start), utc(partitions.end))
+
+
+def png_markdown(png: bytes, alt: str) -> str:
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
+
+
+def planted_truth(source: SourceResource):
+    """The synthetic source's planted interests (entities.parquet beside its data), None for other sources."""
+    if source.source != "synthetic":
+        return None
+    path = source.get().data_dir / "ground_truth" / "entities.parquet"
+    return pq.read_table(path) if path.is_file() else None
+
+
+def metadata(outcome: WindowOutcome, history: list, store, key: str, rows: int) -> dict:
+    ev, extras = outcome.evaluation, outcome.extras
+    c = ev.counts
+    meta = {
+        "next_window": ev.next_window,
+        "metrics": dg.MetadataValue.md(markdown_table([ev])),
+        "recall20_per_window": dg.MetadataValue.md(png_markdown(plot_per_window(history, slices=USER_SLICES, dpi=72),
+                                                                "deep-funnel Recall@20 per window")),
+        "cold_vs_warm": dg.MetadataValue.md(png_markdown(plot_cold_vs_warm([ev]), "cold vs warm")),
+        "downstream_lift": dg.MetadataValue.md(lift_table([ev])),
+        "cost": dg.MetadataValue.md(timing_table([ev])),
+        "warm_users": c.warm_users, "cold_users": c.cold_users, "cold_users_too_few": c.cold_users_too_few,
+        "known_items": c.known_items, "new_items": c.new_items, "train_events": c.train_events,
+        "next_engagements": c.next_engagements, "content_source": ev.content_source,
+        "hir": dg.MetadataValue.json(extras.get("hir", {})),
+        "warm_started_from": dg.MetadataValue.json(extras.get("warm_started_from", {})),
+        "dagster/row_count": rows,
+        "path": dg.MetadataValue.path(store.uri(EVALUATION_ASSET, key)),
+    }
+    if outcome.agreement:
+        meta["planted_agreement"] = dg.MetadataValue.md(agreement_markdown(outcome.agreement))
+    if "bom_vs_exact" in extras:
+        meta["bom_vs_exact"] = dg.MetadataValue.json(extras["bom_vs_exact"])
+    if ev.lift is not None and ev.lift.extended is not None:
+        meta["downstream_auc_lift"] = round(ev.lift.auc_lift, 4)
+    return meta
+
+
+def check_results(outcome: WindowOutcome, key: str) -> list[dg.AssetCheckResult]:
+    """The leak guard (what was opened after window t) and whether HIR made it into the table."""
+    ev, hir = outcome.evaluation, outcome.extras.get("hir", {})
+    leaks = future_reads(outcome.opened, key, ev.next_window)
+    return [
+        dg.AssetCheckResult(check_name=CAUSAL_READS_CHECK, passed=not leaks,
+                            description=f"{len(outcome.opened)} partitions read; after {key}: "
+                                        f"{sorted({p for _, p in outcome.opened if p > key}) or 'none'}",
+                            metadata={"future_reads": dg.MetadataValue.json([list(x) for x in leaks])}),
+        dg.AssetCheckResult(check_name=HIR_EVALUATED_CHECK, passed=bool(hir.get("evaluated")), severity=dg.AssetCheckSeverity.WARN,
+                            description=hir.get("reason", f"HIR scored {ev.counts.warm_users} warm and {ev.counts.cold_users} cold users")),
+    ]
+
+
+def build_evaluation_job(partitions: dg.TimeWindowPartitionsDefinition):
+    """window_evaluation alone, one partition per run: what a second pass over the windows runs (window t's run
+    cannot evaluate t, since t+1's events come later)."""
+    return dg.define_asset_job(EVALUATION_JOB, selection=[EVALUATION_ASSET], partitions_def=partitions,
+                               description="evaluate window t on window t+1's events (after t+1 is ingested)")
+
+
+def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> list[dg.AssetsDefinition]:
+    spec_at_load = spec_of(partitions)
+
+    spec = dg.AssetSpec(
+        EVALUATION_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, description=DESCRIPTION,
+        deps=[dg.AssetDep(EVENTS_ASSET, partition_mapping=THIS_AND_NEXT), dg.AssetDep(CATALOG_ASSET, partition_mapping=THIS_AND_NEXT),
+              dg.AssetDep(CONTENT_ASSET, partition_mapping=THIS_AND_NEXT), ENCODER_ASSET, EMBEDDINGS_ASSET, GRAPH_ASSET,
+              HIERARCHY_ASSET, BOM_ASSET, dg.AssetDep(EVALUATION_ASSET, partition_mapping=PREVIOUS)])
+    checks = [
+        dg.AssetCheckSpec(CAUSAL_READS_CHECK, asset=EVALUATION_ASSET,
+                          description="leak guard: nothing after window t was opened but window t+1's events, catalogue "
+                                      "and content rows (the protocol's test events and cold-start item side data)"),
+        dg.AssetCheckSpec(HIR_EVALUATED_CHECK, asset=EVALUATION_ASSET,
+                          description="HIR's artefacts of window t were there and HIR is in the table")]
+
+    # a multi_asset that can subset: its output and checks are optional, so a window without a successor yields nothing
+    @dg.multi_asset(name=EVALUATION_ASSET, specs=[spec], check_specs=checks, partitions_def=partitions, can_subset=True,
+                    backfill_policy=dg.BackfillPolicy.multi_run(1))  # in order: window t warm-starts baselines from t-1
+    def window_evaluation(context: dg.AssetExecutionContext, config: WindowEvaluationRun, storage: PartitionStorage,
+                          source: SourceResource):
+        """Evaluate window t on window t+1's events, or skip (with an observation saying why) until they exist."""
+        window, store = window_of(context), storage.store()
+        settings = WindowEvalConfig(hir=HIRMethodConfig(cold_users=config.cold_users), warm_start=config.warm_start)
+        outcome = evaluate_published_window(store, spec_at_load, window.key, settings, planted_truth(source))
+        if not isinstance(outcome, WindowOutcome):
+            context.log.warning(outcome.reason)
+            yield dg.AssetObservation(asset_key=EVALUATION_ASSET, partition=window.key, metadata={"skipped": outcome.reason})
+            return
+        ev = outcome.evaluation
+        table = ev.to_table()
+        with store.writing() as staging:
+            staging.write_table(EVALUATION_ASSET, window.key, METRICS_FILE, table)
+            staging.write_table(EVALUATION_ASSET, window.key, SUMMARY_FILE, summary_table(ev, outcome.extras))
+            save_states(staging.path(EVALUATION_ASSET, window.key) / STATE_FILE, outcome.methods)
+        earlier = [k for k in store.partitions(EVALUATION_ASSET) if k <= window.key]
+        history = collect(store, earlier)
+        context.log.info(f"evaluated {window.key} on {ev.next_window}: {ev.counts.warm_users} warm, {ev.counts.cold_users} cold users; "
+                         + ", ".join(f"{t.method} {t.fit_s + t.score_s:.1f}s" for t in ev.timings))
+        yield dg.MaterializeResult(metadata=metadata(outcome, history, store, window.key, table.num_rows),
+                                   check_results=check_results(outcome, window.key))
+
+    return [window_evaluation]

@@ -1,0 +1,347 @@
+"""HIR as one more `Method`: window t's published embeddings and frozen encoder, scored by dot product.
+
+Nothing is fitted here. `fit` checks that the artefacts are window t's (the split's) and lines the published
+`entity_embeddings` up with the split's users and known items; `score` ranks the item space by dot product
+(every published row is unit-norm, so this is a cosine):
+- Warm users: their published row (embedded at end(t) from their sampled neighbourhood).
+- Cold users, inductively with the frozen window-t encoder and no retraining: one token sequence per user, built
+  like the teacher's broad view: the user's own token (deep-hash id code + type, no content) at depth 0; the
+  distinct items of their t+1 context (the same context every baseline gets, most recent first, up to fanout[0])
+  at depth 1, linked by a `purchase` edge when a context event on the item converted and `click` otherwise, aged
+  from the user's last context event; below each known item, its neighbourhood in graph(t) sampled with the
+  remaining fanouts at cutoff end(t) (edges aged from the user's last context event too). The fanouts are those of
+  the view `entity_embeddings` embedded warm entities with (the checkpoint's trained teacher view), so a cold user's
+  tree has the shape of a warm user's, the context standing in for the history. Nothing of graph(t)
+  is later than end(t), and the context is part of the protocol, so nothing else of t+1 enters.
+  `cold_users="mean"` uses the normalised weighted mean of the context items' rows instead (a cheaper reference).
+- Items first seen in t+1: the encoder's single-token path (the entity_embeddings asset's cold-start path): id
+  code, type `product`, and the item's content vector when the item space carries one of the encoder's width
+  (the `content_embeddings` vectors of t+1, the only t+1 side information the protocol allows).
+Known items without a published row (none when the asset is complete) take the same single-token path.
+
+The context's event types are not part of `Queries` (only whether an event converted), hence the two edge types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from hir_model.content import to_matrix
+from hir_model.embed import DEFAULT_VIEW, EntityEmbeddings, trained_view
+from hir_model.graph.csr import Graph
+from hir_model.graph.hashing import hash_codes
+from hir_model.graph.sampler import ViewConfig, sample
+from hir_model.graph.types import EDGE_TYPES, NODE_TYPES, SELF_EDGE, SampledBatch
+from hir_model.eval.method import event_weights
+from hir_model.eval.split import Interactions, ItemSpace, Queries
+from hir_model.nn import collate
+from hir_model.train.checkpoint import TrainedModel
+
+US = 1_000_000
+USER_TYPE, ITEM_TYPE = NODE_TYPES.index("user"), NODE_TYPES.index("product")
+CLICK_EDGE, PURCHASE_EDGE = EDGE_TYPES.index("click"), EDGE_TYPES.index("purchase")
+
+
+@dataclass(frozen=True)
+class HIRMethodConfig:
+    view: ViewConfig | None = None  # a cold user's tree: fanout[0] context items, graph(t) fanouts below; None: the view
+    # warm entities were embedded with (the checkpoint's trained teacher view, as `entity_embeddings` uses)
+    compile_bias: bool = False  # compile the dense attention bias (eval batches are few: ~6 s of compiling per process buys little)
+    cold_users: str = "encoder"  # "encoder": the frozen encoder on the sequence above; "mean": mean of context rows
+    deep_weight: float = 2.0  # "mean" only: a converted context event weighs this much
+    batch_size: int = 32  # sequences per encoder forward
+    seed: int = 0  # of the neighbourhood sampler
+
+    def __post_init__(self) -> None:
+        if self.cold_users not in ("encoder", "mean"):
+            raise ValueError(f"cold_users must be 'encoder' or 'mean', got {self.cold_users!r}")
+
+
+@dataclass(frozen=True)
+class WindowArtefacts:
+    """What HIR publishes for window t (read by `hir_model.eval.run.load_hir_artefacts`)."""
+
+    window: str  # key of window t
+    end_us: int  # end(t)
+    embeddings: EntityEmbeddings  # the `entity_embeddings` table of t
+    model: TrainedModel  # the `hir_encoder` checkpoint of t (frozen)
+    graph: Graph | None  # `engagement_graph` of t: the known context items' neighbourhoods (None: items only)
+    content: pa.Table | None = None  # `content_embeddings` of t (entity_id, embedding): the known tokens' content
+    view: ViewConfig = DEFAULT_VIEW  # the view `entity_embeddings` embedded warm entities with (the checkpoint's)
+
+
+class _ContentLookup:
+    """Content vectors by graph node (from the content table of t) for the encoder's width, or nothing."""
+
+    def __init__(self, graph: Graph | None, content: pa.Table | None, dim: int):
+        self.dim, self.matrix, self.row = dim, None, None
+        if dim == 0 or content is None or graph is None:
+            return
+        matrix, valid = to_matrix(content.column("embedding"))
+        if matrix.shape[1] != dim:
+            raise ValueError(f"content vectors have {matrix.shape[1]} dims, the encoder expects {dim}")
+        nodes = graph.nodes.index_of(content.column("entity_id"))
+        self.row = np.full(graph.num_nodes, -1, np.int64)
+        keep = (nodes >= 0) & valid
+        self.row[nodes[keep]] = np.flatnonzero(keep)
+        self.matrix = np.nan_to_num(matrix)
+
+    def of_nodes(self, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """((T, C) vectors, (T,) has) of graph nodes (-1: none)."""
+        out, has = np.zeros((len(node), self.dim), np.float32), np.zeros(len(node), bool)
+        if self.matrix is not None:
+            row = np.where(node >= 0, self.row[np.maximum(node, 0)], -1)
+            has = row >= 0
+            out[has] = self.matrix[row[has]]
+        return out, has
+
+
+class HIR:
+    """Window t's HIR artefacts as a ranked method (see the module docstring)."""
+
+    def __init__(self, artefacts: WindowArtefacts, config: HIRMethodConfig = HIRMethodConfig(), name: str = "hir"):
+        self.artefacts, self.config, self.name = artefacts, config, name
+        encoder = artefacts.model.encoder
+        if encoder.cfg.compile_dense_bias != config.compile_bias:  # a runtime knob of the frozen encoder, not a weight
+            encoder.cfg = replace(encoder.cfg, compile_dense_bias=config.compile_bias)
+        cfg = encoder.cfg
+        self.view = config.view or artefacts.view
+        self.k, self.buckets, self.content_dim, self.width = cfg.hash_codes, cfg.hash_buckets, cfg.content_dim, cfg.width
+        emb = artefacts.embeddings
+        self._row = pd.Index(emb.entity_id)
+        self._content = _ContentLookup(artefacts.graph, artefacts.content, cfg.content_dim)
+        self.user_rows: np.ndarray | None = None  # (U,) row of each train user in the embeddings, -1 for none
+        self.items: np.ndarray | None = None  # (N, W) item vectors of the last scored item space
+        self._items_key: np.ndarray | None = None  # the ids array `items` was computed for
+        self.cold_encoded = 0  # cold users embedded by the encoder so far (a count for the report)
+        self.single_token_items = 0  # items embedded by the single-token path in the last item space
+        self._warm_scored: list[np.ndarray] = []  # ids of the warm users scored since the last fit
+
+    def fit(self, train: Interactions, items: ItemSpace) -> None:
+        a = self.artefacts
+        if train.window != a.window or train.end_us != a.end_us:
+            raise ValueError(f"{self.name}: artefacts of window {a.window} cannot be evaluated on the split of {train.window}")
+        self.user_rows = self._row.get_indexer(train.user_ids).astype(np.int64)
+        self.items, self._items_key, self._warm_scored = None, None, []
+
+    def warm_users(self) -> np.ndarray:
+        """The distinct warm users scored since the last fit (e.g. for BoM vs exact retrieval on the same users)."""
+        return np.unique(np.concatenate(self._warm_scored)) if self._warm_scored else np.zeros(0, object)
+
+    # items -------------------------------------------------------------------------------------------------------
+    def item_vectors(self, items: ItemSpace) -> np.ndarray:
+        """(N, W): published rows for known items, the single-token path for the rest (cached per item space)."""
+        if self._items_key is items.ids and self.items is not None:  # the same item space (run.py scores it in batches)
+            return self.items
+        emb = self.artefacts.embeddings
+        rows = self._row.get_indexer(items.ids)
+        rows[items.n_known:] = -1  # first seen in t+1: never a row of t (and no id reuse across windows)
+        out = np.zeros((len(items), self.width), np.float32)
+        out[rows >= 0] = emb.vectors[rows[rows >= 0]]
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):
+            content, has = self._item_content(items, missing)
+            out[missing] = self._single_tokens(items.ids[missing], content, has)
+        self.items, self._items_key, self.single_token_items = out, items.ids, len(missing)
+        return out
+
+    def _item_content(self, items: ItemSpace, rows: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        if self.content_dim == 0 or items.content is None or items.content.shape[1] != self.content_dim:
+            return None, np.zeros(len(rows), bool)
+        return items.content[rows], items.has_content[rows]
+
+    def _single_tokens(self, ids: np.ndarray, content: np.ndarray | None, has: np.ndarray) -> np.ndarray:
+        b = len(ids)
+        batch = SampledBatch(offsets=np.arange(b + 1, dtype=np.int64), seeds=np.full(b, -1, np.int64), node=np.full(b, -1, np.int64),
+                             hash_codes=hash_codes(list(ids), self.k, self.buckets), node_type=np.full(b, ITEM_TYPE, np.int64),
+                             depth=np.zeros(b, np.int64), ancestors=np.zeros((b, 1), np.int64),
+                             edge_type=np.full(b, SELF_EDGE, np.int64), edge_age=np.zeros(b, np.float32),
+                             cutoff_us=self.artefacts.end_us, content=content if self.content_dim else None,
+                             has_content=has if self.content_dim else None)
+        return self._encode(batch)
+
+    # users -------------------------------------------------------------------------------------------------------
+    def score(self, queries: Queries, items: ItemSpace) -> np.ndarray:
+        if self.user_rows is None:
+            raise RuntimeError(f"{self.name}: fit before score")
+        item_vectors = self.item_vectors(items)
+        users = np.zeros((len(queries), self.width), np.float32)
+        rows = np.where(queries.user_index >= 0, self.user_rows[np.maximum(queries.user_index, 0)], -1)
+        users[rows >= 0] = self.artefacts.embeddings.vectors[rows[rows >= 0]]
+        self._warm_scored.append(queries.user_ids[rows >= 0])
+        inductive = np.flatnonzero(rows < 0)  # cold users (and a warm user without a row: from their history)
+        if len(inductive):
+            sub = queries.take(inductive)
+            users[inductive] = (self._mean_of_context(sub, item_vectors) if self.config.cold_users == "mean"
+                                else self.embed_cold(sub, items))
+        return (users @ item_vectors.T).astype(np.float32)
+
+    def _mean_of_context(self, queries: Queries, item_vectors: np.ndarray) -> np.ndarray:
+        ctx = queries.context
+        w = event_weights(queries.context_deep, self.config.deep_weight)
+        out = np.zeros((len(queries), item_vectors.shape[1]))
+        np.add.at(out, ctx.row_of, w[:, None] * item_vectors[ctx.idx])
+        norm = np.linalg.norm(out, axis=1, keepdims=True)
+        return np.divide(out, norm, out=np.zeros_like(out), where=norm > 0).astype(np.float32)
+
+    def embed_cold(self, queries: Queries, items: ItemSpace) -> np.ndarray:
+        """(Q, W) users embedded by the frozen encoder from their context (see the module docstring)."""
+        vectors = [self._encode(self.cold_batch(queries.take(np.arange(lo, min(lo + self.config.batch_size, len(queries)))), items))
+                   for lo in range(0, len(queries), self.config.batch_size)]
+        self.cold_encoded += len(queries)
+        return np.concatenate(vectors) if vectors else np.zeros((0, self.width), np.float32)
+
+    def cold_batch(self, queries: Queries, items: ItemSpace) -> SampledBatch:
+        """One sequence per query: user token, its distinct context items, their graph(t) neighbourhoods (BFS order)."""
+        a, view = self.artefacts, self.view
+        ctx = queries.context
+        frame = pd.DataFrame({"q": ctx.row_of, "item": ctx.idx, "ts": queries.context_ts, "deep": queries.context_deep})
+        cutoff = frame.groupby("q").ts.max().reindex(np.arange(len(queries))).fillna(a.end_us).to_numpy(np.int64)
+        picked = frame.groupby(["q", "item"], sort=False).agg(ts=("ts", "max"), deep=("deep", "any")).reset_index()
+        picked = picked.sort_values(["q", "ts", "item"], ascending=[True, False, True], kind="stable")
+        picked = picked[picked.groupby("q").cumcount() < view.fanout[0]]
+        item = picked["item"].to_numpy(np.int64)
+        node = np.full(len(item), -1, np.int64)
+        known = item < items.n_known
+        if a.graph is not None and known.any():
+            node[known] = a.graph.nodes.index_of(pa.array(list(items.ids[item[known]]), pa.string()))
+        sub = None
+        rooted = np.flatnonzero(node >= 0)
+        if len(rooted) and len(view.fanout) > 1:
+            below = ViewConfig(f"{view.name}_below_context", view.fanout[1:], view.max_age_days, view.edge_drop, view.scan_degree,
+                               view.draws_per_slot)
+            sub = sample(a.graph, node[rooted], a.end_us, below, np.random.default_rng([self.config.seed, a.end_us, len(queries)]))
+        sub_of = np.full(len(item), -1, np.int64)
+        sub_of[rooted] = np.arange(len(rooted))
+        new_content, new_has = self._item_content(items, item)
+        width = len(view.fanout) + 1  # ancestors per token: depths 0 .. len(fanout)
+
+        parts, offsets = [], [0]
+        by_query = np.split(np.arange(len(item)), np.cumsum(np.bincount(picked["q"].to_numpy(), minlength=len(queries)))[:-1])
+        user_codes = hash_codes(list(queries.user_ids), self.k, self.buckets)
+        ts, deep = picked["ts"].to_numpy(np.int64), picked["deep"].to_numpy(bool)
+        for q, entries in enumerate(by_query):
+            shift = (cutoff[q] - a.end_us) / US  # seconds from end(t) to the user's last context event
+            toks = [_Tokens.seed(user_codes[q], width, self.content_dim)]
+            base = 1
+            for e in entries:
+                if sub_of[e] >= 0:
+                    s = sub_of[e]
+                    lo, hi = sub.offsets[s], sub.offsets[s + 1]
+                    content, has = self._content.of_nodes(sub.node[lo:hi])
+                    t = _Tokens.grafted(sub, lo, hi, base, width, content, has, shift)
+                else:  # an item first seen in t+1 (or unknown to graph(t)): a leaf
+                    codes = hash_codes([items.ids[item[e]]], self.k, self.buckets)
+                    c = new_content[e:e + 1] if new_content is not None else np.zeros((1, self.content_dim), np.float32)
+                    t = _Tokens.leaf(codes, base, width, c, new_has[e:e + 1])
+                t.edge_type[0] = PURCHASE_EDGE if deep[e] else CLICK_EDGE
+                t.edge_age[0] = (cutoff[q] - ts[e]) / US
+                toks.append(t)
+                base += len(t.depth)
+            parts.append(_Tokens.concat(toks).bfs())
+            offsets.append(offsets[-1] + base)
+        seq = _Tokens.concat(parts)
+        return SampledBatch(offsets=np.asarray(offsets, np.int64), seeds=np.full(len(queries), -1, np.int64), node=seq.node,
+                            hash_codes=seq.codes, node_type=seq.node_type, depth=seq.depth, ancestors=seq.ancestors,
+                            edge_type=seq.edge_type, edge_age=seq.edge_age.astype(np.float32), cutoff_us=a.end_us,
+                            content=seq.content if self.content_dim else None, has_content=seq.has if self.content_dim else None)
+
+    @torch.inference_mode()
+    def _encode(self, batch: SampledBatch) -> np.ndarray:
+        """(B, W) unit vectors of the batch's seed tokens, in slices of `batch_size` sequences."""
+        model, step = self.artefacts.model, max(self.config.batch_size, 1)
+        out = []
+        for lo in range(0, batch.num_sequences, step):
+            hi = min(lo + step, batch.num_sequences)
+            a, b = batch.offsets[lo], batch.offsets[hi]
+            part = SampledBatch(batch.offsets[lo:hi + 1] - a, batch.seeds[lo:hi], batch.node[a:b], batch.hash_codes[a:b],
+                                batch.node_type[a:b], batch.depth[a:b], batch.ancestors[a:b], batch.edge_type[a:b],
+                                batch.edge_age[a:b], batch.cutoff_us, None if batch.content is None else batch.content[a:b],
+                                None if batch.has_content is None else batch.has_content[a:b])
+            out.append(model.encoder(collate(part), model.global_tokens).float().cpu().numpy())  # (b, W)
+        return np.concatenate(out) if out else np.zeros((0, self.width), np.float32)
+
+
+@dataclass
+class _Tokens:
+    """One sequence's (or several sequences') token arrays while a cold user's sequence is put together."""
+
+    node: np.ndarray  # (T,) graph node, -1 for a token outside graph(t)
+    codes: np.ndarray  # (T, K)
+    node_type: np.ndarray  # (T,)
+    depth: np.ndarray  # (T,)
+    ancestors: np.ndarray  # (T, D + 1) local indices within the sequence, -1 beyond the depth
+    edge_type: np.ndarray  # (T,)
+    edge_age: np.ndarray  # (T,) float64 seconds
+    content: np.ndarray  # (T, C)
+    has: np.ndarray  # (T,)
+
+    @classmethod
+    def seed(cls, codes: np.ndarray, width: int, dim: int) -> _Tokens:
+        anc = np.full((1, width), -1, np.int64)
+        anc[0, 0] = 0
+        return cls(np.full(1, -1, np.int64), codes[None, :], np.full(1, USER_TYPE, np.int64), np.zeros(1, np.int64), anc,
+                   np.full(1, SELF_EDGE, np.int64), np.zeros(1), np.zeros((1, dim), np.float32), np.zeros(1, bool))
+
+    @classmethod
+    def leaf(cls, codes: np.ndarray, base: int, width: int, content: np.ndarray, has: np.ndarray) -> _Tokens:
+        anc = np.full((1, width), -1, np.int64)
+        anc[0, :2] = (0, base)
+        return cls(np.full(1, -1, np.int64), codes, np.full(1, ITEM_TYPE, np.int64), np.ones(1, np.int64), anc,
+                   np.full(1, CLICK_EDGE, np.int64), np.zeros(1), content.astype(np.float32), has.astype(bool))
+
+    @classmethod
+    def grafted(cls, sub: SampledBatch, lo: int, hi: int, base: int, width: int, content: np.ndarray, has: np.ndarray,
+                shift_s: float) -> _Tokens:
+        """An item's sampled tree (tokens lo:hi of `sub`) one level below the user token, starting at local index `base`."""
+        old = sub.ancestors[lo:hi]  # (t, D') local within the item's sequence
+        anc = np.full((hi - lo, width), -1, np.int64)
+        anc[:, 0] = 0
+        anc[:, 1:1 + old.shape[1]] = np.where(old >= 0, old + base, -1)
+        return cls(sub.node[lo:hi].copy(), sub.hash_codes[lo:hi], sub.node_type[lo:hi].copy(), sub.depth[lo:hi] + 1, anc,
+                   sub.edge_type[lo:hi].copy(), sub.edge_age[lo:hi].astype(np.float64) + shift_s, content, has)
+
+    @classmethod
+    def concat(cls, parts: list[_Tokens]) -> _Tokens:
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__))
+
+    def bfs(self) -> _Tokens:
+        """The same sequence reordered by depth (stable), local indices remapped: the sampler's layout."""
+        perm = np.argsort(self.depth, kind="stable")
+        new = np.empty(len(perm), np.int64)
+        new[perm] = np.arange(len(perm))
+        anc = np.where(self.ancestors >= 0, new[np.maximum(self.ancestors, 0)], -1)
+        return _Tokens(self.node[perm], self.codes[perm], self.node_type[perm], self.depth[perm], anc[perm], self.edge_type[perm],
+                       self.edge_age[perm], self.content[perm], self.has[perm])
+
+
+def missing_artefacts(store, key: str) -> str | None:
+    """Why window `key` has no HIR artefacts to evaluate (None: they are all there)."""
+    from hir_model.embed import EMBEDDINGS_FILE
+    from hir_model.hierarchy.window import EMBEDDINGS_ASSET, checkpoint_path
+
+    if not store.exists(EMBEDDINGS_ASSET, key, EMBEDDINGS_FILE):
+        return f"{EMBEDDINGS_ASSET} for {key} is not materialised"
+    if not store.exists("hir_encoder", key) or not checkpoint_path(store, key).is_file():
+        return f"hir_encoder for {key} is not materialised"
+    return None
+
+
+def load_artefacts(store, key: str, end_us: int) -> WindowArtefacts:
+    """Window `key`'s published embeddings, checkpoint, graph and content table (the graph and content when present)."""
+    from hir_model.graph.window import has_graph, load_window_graph
+    from hir_model.hierarchy.window import CONTENT_ASSET, CONTENT_FILE, checkpoint_path, load_embeddings, window_model
+    from hir_model.train.checkpoint import load_checkpoint
+
+    model = window_model(store, key)
+    content = None
+    if model.encoder.cfg.content_dim and store.exists(CONTENT_ASSET, key, CONTENT_FILE):
+        content = store.read(CONTENT_ASSET, key, CONTENT_FILE, columns=["entity_id", "embedding"])
+    graph = load_window_graph(store, key) if has_graph(store, key) else None
+    view = trained_view(load_checkpoint(checkpoint_path(store, key)).get("extra", {}))
+    return WindowArtefacts(key, end_us, load_embeddings(store, key), model, graph, content, view)

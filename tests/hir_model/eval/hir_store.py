@@ -1,0 +1,50 @@
+"""The tiny store (tiny.py) with HIR's artefacts for W0 and W1: graph, a random-weight checkpoint, entity embeddings.
+
+The checkpoint is an untrained Encoder (training is tested elsewhere): these tests check the wiring, the causality and
+the shapes of HIR's evaluation, not the quality of its embeddings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
+from hir_model.graph.window import build_window_graph, to_us
+from hir_model.hierarchy.window import EMBEDDINGS_ASSET, checkpoint_path, embed_window
+from hir_model.nn import Encoder, EncoderConfig
+from hir_model.storage import PartitionStore
+from hir_model.train.checkpoint import save_checkpoint
+from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
+
+WIDTH = 16
+
+
+def fake_checkpoint(store: PartitionStore, key: str, seed: int = 0) -> None:
+    torch.manual_seed(seed)
+    enc = Encoder(EncoderConfig(layers=1, heads=2, width=WIDTH, hash_hidden=16, compile_dense_bias=False))
+    for p in enc.embed.ids.mlp[-1].parameters():  # the id MLP's output starts at zero: give ids a voice
+        torch.nn.init.normal_(p, std=0.5)
+    protos = [torch.nn.functional.normalize(torch.randn(k, WIDTH), dim=-1) for k in (2, 3)]
+    path = checkpoint_path(store, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(path, enc, protos, step=0, window=key)
+
+
+def hir_store(root: Path, plant_future: bool = False, corrupt_w2: bool = False, windows: int = 2) -> PartitionStore:
+    """tiny_store (with its options) plus engagement_graph, hir_encoder and entity_embeddings of the first `windows`."""
+    store = tiny_store(root, plant_future=plant_future, corrupt_w2=corrupt_w2)
+    previous = None
+    for window in SPEC.windows()[:windows]:
+        with store.writing() as staging:
+            build_window_graph(store, window, previous, staging)
+        fake_checkpoint(store, window.key)
+        build = embed_window(store, window.key, to_us(window.end), EmbedConfig(batch_size=8))
+        with store.writing() as staging:
+            staging.write_table(EMBEDDINGS_ASSET, window.key, EMBEDDINGS_FILE, embeddings_table(build.embeddings))
+        previous = window.key
+    return store
+
+
+__all__ = ["KEYS", "SPEC", "hir_store"]

@@ -1,0 +1,143 @@
+"""HIR as a ranked method on the tiny store (tiny.py) with a random-weight checkpoint: the cold users' sequences, the
+single-token path for new items, causality, and the whole window through `evaluate_published_window`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from hir_model.embed.entities import single_token_batch
+from hir_model.eval.hir import HIR, HIRMethodConfig, load_artefacts
+from hir_model.eval.publish import EVALUATION_ASSET, STATE_FILE, read_evaluation, save_states, summary_table
+from hir_model.eval.run import EvalConfig, TableReader, load_split
+from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
+from hir_model.graph.hashing import hash_codes
+from hir_model.graph.types import EDGE_TYPES, NODE_TYPES
+from hir_model.graph.window import to_us
+from hir_model.nn import collate
+from tests.hir_model.eval.hir_store import KEYS, SPEC, hir_store
+
+torch.set_num_threads(1)
+W0 = SPEC.window(KEYS[0])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return hir_store(tmp_path_factory.mktemp("hir") / "store")
+
+
+def _split(store):
+    split, _ = load_split(TableReader(store), SPEC, W0, SPEC.next(W0), EvalConfig())
+    return split
+
+
+def _hir(store, **kw) -> HIR:
+    return HIR(load_artefacts(store, KEYS[0], to_us(W0.end)), HIRMethodConfig(**kw))
+
+
+def test_a_cold_users_sequence_is_their_context_over_graph_t(store):
+    split, hir = _split(store), _hir(store)
+    hir.fit(split.train, split.items.known())
+    batch = hir.cold_batch(split.cold.queries, split.items)  # u3, context p2 (clicked 1h into W1)
+    graph = hir.artefacts.graph
+    assert batch.num_sequences == 1 and batch.depth[0] == 0 and NODE_TYPES[batch.node_type[0]] == "user"
+    np.testing.assert_array_equal(batch.hash_codes[0], hash_codes(["u3"], hir.k, hir.buckets)[0])
+    p2 = graph.nodes.index_of(pa.array(["p2"]))[0]
+    assert batch.node[1] == p2 and batch.depth[1] == 1 and EDGE_TYPES[batch.edge_type[1]] == "click" and batch.edge_age[1] == 0
+    below = batch.depth >= 2
+    assert below.any() and (batch.depth <= len(hir.view.fanout)).all()
+    np.testing.assert_array_equal(batch.hash_codes[below], graph.nodes.hash_codes[batch.node[below]])
+    # graph(t) edges are aged from u3's last context event, an hour after end(W0): nothing is younger than that
+    assert (batch.edge_age[below] >= 3600).all() and (batch.edge_age >= 0).all()
+    # ancestors: every token hangs under the user (0) and, below depth 1, under the context item (1); BFS order
+    assert (batch.ancestors[:, 0] == 0).all() and (batch.ancestors[below, 1] == 1).all()
+    own = batch.ancestors[np.arange(len(batch.depth)), batch.depth]  # a token's ancestor at its own depth is itself
+    assert (np.diff(batch.depth) >= 0).all() and (own == np.arange(len(batch.depth))).all()
+    collate(batch)  # a valid encoder batch
+
+
+def test_new_items_take_the_single_token_path_of_the_embeddings_asset(store):
+    split, hir = _split(store), _hir(store)
+    graph, model = hir.artefacts.graph, hir.artefacts.model
+    p1 = graph.nodes.index_of(pa.array(["p1"]))
+    with torch.inference_mode():
+        expected = model.encoder(collate(single_token_batch(graph, p1, hir.artefacts.end_us)), model.global_tokens).numpy()
+    np.testing.assert_allclose(hir._single_tokens(np.array(["p1"], object), None, np.zeros(1, bool)), expected, atol=1e-6)
+    vectors = hir.item_vectors(split.items)
+    assert split.items.ids[5] == "p6" and hir.single_token_items == 1 and np.isclose(np.linalg.norm(vectors[5]), 1, atol=1e-5)
+
+
+def test_scores_are_dot_products_warm_users_looked_up_and_cold_ones_inductive(store):
+    split, hir = _split(store), _hir(store)
+    hir.fit(split.train, split.items.known())
+    emb = hir.artefacts.embeddings
+    warm = hir.score(split.warm.queries, split.items)
+    u1, items = emb.vectors[list(emb.entity_id).index("u1")], hir.item_vectors(split.items)
+    np.testing.assert_allclose(warm[0], items @ u1, rtol=1e-5, atol=1e-6)
+    cold = hir.score(split.cold.queries, split.items)
+    np.testing.assert_array_equal(cold, hir.score(split.cold.queries, split.items))  # seeded: the same every time
+    mean = _hir(store, cold_users="mean")
+    mean.fit(split.train, split.items.known())
+    np.testing.assert_allclose(mean.score(split.cold.queries, split.items)[0], items @ items[1], rtol=1e-5, atol=1e-6)  # p2 alone
+    other = HIR(load_artefacts(store, KEYS[1], to_us(SPEC.window(KEYS[1]).end)))
+    with pytest.raises(ValueError, match="cannot be evaluated on the split of"):
+        other.fit(split.train, split.items.known())
+
+
+def test_a_planted_future_event_changes_nothing_and_t_plus_2_is_never_opened(tmp_path):
+    clean = evaluate_published_window(hir_store(tmp_path / "clean"), SPEC, KEYS[0])
+    planted = evaluate_published_window(hir_store(tmp_path / "planted", plant_future=True, corrupt_w2=True), SPEC, KEYS[0])
+    assert isinstance(clean, WindowOutcome) and isinstance(planted, WindowOutcome)
+    assert planted.evaluation.to_table().equals(clean.evaluation.to_table())
+    assert {p for _, p in planted.opened} <= {KEYS[0], KEYS[1]} and not future_reads(planted.opened, KEYS[0], KEYS[1])
+    assert future_reads([("hir_encoder", KEYS[1]), ("raw_events", KEYS[2])], KEYS[0], KEYS[1]) == \
+        [("hir_encoder", KEYS[1]), ("raw_events", KEYS[2])]
+
+
+def _publish(store, key, outcome):
+    with store.writing() as staging:  # as the asset does
+        staging.write_table(EVALUATION_ASSET, key, "metrics", outcome.evaluation.to_table())
+        staging.write_table(EVALUATION_ASSET, key, "summary", summary_table(outcome.evaluation, outcome.extras))
+        save_states(staging.path(EVALUATION_ASSET, key) / STATE_FILE, outcome.methods)
+
+
+def test_the_last_window_is_skipped_and_stateful_baselines_warm_start_from_earlier_only(store):
+    assert "has no successor" in evaluate_published_window(store, SPEC, KEYS[2]).reason
+    first = evaluate_published_window(store, SPEC, KEYS[0], WindowEvalConfig())
+    assert first.extras["warm_started_from"] == {} and first.extras["hir"]["evaluated"]
+    _publish(store, KEYS[0], first)
+    ev, extras = read_evaluation(store, KEYS[0])
+    assert ev.to_table().equals(first.evaluation.to_table()) and extras["hir"] == first.extras["hir"]
+    assert ev.lift.extra_names == first.evaluation.lift.extra_names and ev.counts == first.evaluation.counts
+    second = evaluate_published_window(store, SPEC, KEYS[1], WindowEvalConfig())
+    assert second.extras["warm_started_from"] == {"mf_als": KEYS[0], "lightgcn": KEYS[0]}
+    in_process = evaluate_published_window(store, SPEC, KEYS[1], WindowEvalConfig(), previous=first)  # the saved state is exact
+    assert in_process.evaluation.to_table().equals(second.evaluation.to_table())
+    _publish(store, KEYS[1], second)
+    again = evaluate_published_window(store, SPEC, KEYS[0], WindowEvalConfig())  # W1's state is later: never used for W0
+    assert again.extras["warm_started_from"] == {} and again.evaluation.to_table().equals(first.evaluation.to_table())
+
+
+def test_hierarchy_and_bom_index_add_lift_features_agreement_and_bom_recall(tmp_path):
+    from hir_model.eval.window import BOM_ASSET, HIERARCHY_ASSET
+    from hir_model.retrieval import IndexConfig
+    from hir_model.hierarchy.window import hierarchy_window
+    from hir_model.retrieval.window import build_window_index
+
+    store = hir_store(tmp_path / "store")
+    h = hierarchy_window(store, KEYS[0], None, to_us(W0.end))
+    with store.writing() as staging:  # as the interest_hierarchy asset writes them
+        for name, table in h.tables.items():
+            staging.write_table(HIERARCHY_ASSET, KEYS[0], name, table)
+    with store.writing() as staging:
+        build_window_index(store, KEYS[0], staging.path(BOM_ASSET, KEYS[0]), IndexConfig(max_posting_share=1.0))
+    truth = pa.table({"entity_id": ["p1", "p2", "p3", "p4", "p5"], "entity_type": ["product"] * 5,
+                      "interest_l0": pa.array([0, 0, 1, 1, 1], pa.int32())})
+    out = evaluate_published_window(store, SPEC, KEYS[0], WindowEvalConfig(), truth)
+    assert out.evaluation.lift.extra_names == ("hir_score", "hir_scored", "bom_affinity_L0", "bom_affinity_L1")
+    assert [(a.level, a.planted_level, a.entities) for a in out.agreement] == [(0, 0, 5), (1, 0, 5)]
+    bom = out.extras["bom_vs_exact"]
+    assert bom["queries"] == 2 and bom["recall"] == 1.0  # u1, u2 (warm): 5 items, every token's posting kept
+    assert (HIERARCHY_ASSET, KEYS[0]) in out.opened and (BOM_ASSET, KEYS[0]) in out.opened
