@@ -8,6 +8,11 @@ from pathlib import Path
 
 import dagster as dg
 
+# Before the asset modules are imported: per-asset backfill policies, the window x objective mapping and reads of
+# a successor partition are deliberate uses of beta / preview APIs.
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
+warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+
 from dagster_project.content_resources import ContentModels
 from dagster_project.notify import AlertLogNotifier, Notifier, WebhookNotifier
 from dagster_project.partitions import window_partitions
@@ -19,12 +24,13 @@ from dagster_project.sensors import build_alert_sensor
 from hir_assets.enrichment import build_enrichment_assets
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
+from hir_assets.adapter import adapter_job, build_adapter_assets
+from hir_assets.evaluation import build_evaluation_assets, build_evaluation_job
+from hir_assets.hierarchy import build_hierarchy_assets
+from hir_assets.index import build_index_assets
 from hir_assets.training import build_training_assets
 from hir_model.config import PROJECT_ROOT, HIRConfig, load_config
 
-
-# Per-asset backfill policies are a deliberate choice (one window per run; self-dependent assets in order).
-warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 
 def build_definitions(config: HIRConfig) -> dg.Definitions:
@@ -35,12 +41,13 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
         raise FileNotFoundError(f"the {config.source} source has no data yet ({exc}); run `make data` (or `hir prepare`) first") from exc
     partitions = window_partitions(spec)
     assets = (build_ingest_assets(partitions) + build_enrichment_assets(partitions) + build_graph_assets(partitions)
-              + build_training_assets(partitions, dict(config.train)))
+              + build_training_assets(partitions, dict(config.train)) + build_hierarchy_assets(partitions)
+              + build_index_assets(partitions) + build_evaluation_assets(partitions) + build_adapter_assets(partitions))
     asset_keys = {key.to_user_string() for a in assets for key in a.keys}
     window_job = build_window_job(partitions)
     return dg.Definitions(
         assets=assets,
-        jobs=[window_job],
+        jobs=[window_job, build_evaluation_job(partitions), adapter_job()],
         schedules=[build_window_schedule(window_job)],
         sensors=[build_alert_sensor(asset_keys)],
         resources={

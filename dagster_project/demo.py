@@ -16,11 +16,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dagster_project.definitions import defs
+from dagster_project.schedules import WINDOW_JOB
+from hir_assets.adapter import ADAPTER_JOB
+from hir_assets.evaluation import EVALUATION_JOB
+from hir_model.config import PROJECT_ROOT
+from hir_model.eval.report import report_windows
+from hir_model.train.adapter import OBJECTIVES
 from data_contracts import CONVERSION_EVENT
 from hir_model.config import load_config
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import KEY_FORMAT, utc
 from hir_model.storage import PartitionStore
+
+
+REPORT_PATH = PROJECT_ROOT / ".hir" / "reports" / "evaluation.html"
 
 
 def summary_rows(store: PartitionStore, keys: list[str]) -> list[tuple[str, int, int, int, int]]:
@@ -39,9 +48,11 @@ def summary_rows(store: PartitionStore, keys: list[str]) -> list[tuple[str, int,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--partitions", help="comma-separated window keys (default: all)")
+    parser.add_argument("--skip-evaluation", action="store_true", help="do not evaluate windows on their successors")
+    parser.add_argument("--skip-adapters", action="store_true", help="do not train the objective adapters")
     args = parser.parse_args(argv)
     config = load_config()
-    job = defs.resolve_implicit_global_asset_job_def()
+    job = defs.resolve_job_def(WINDOW_JOB)
     keys = job.partitions_def.get_partition_keys()
     if args.partitions:
         keys = [k for k in args.partitions.split(",") if k]
@@ -49,17 +60,36 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hir demo: source={config.source} window={config.window} windows={len(keys)} "
           f"storage={config.storage_uri} DAGSTER_HOME={os.environ.get('DAGSTER_HOME')}", flush=True)
     t0 = time.time()
-    for i, key in enumerate(keys, 1):
-        result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False, tags={"hir/demo": "true"},
-                                        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+    def run(job_def, partition_key, label: str) -> bool:
+        result = job_def.execute_in_process(partition_key=partition_key, instance=instance, raise_on_error=False,
+                                            tags={"hir/demo": "true"}, run_config=quiet)
         if not result.success:
-            print(f"run for window {key} failed (run id {result.run_id}); see `make ui` for the logs", file=sys.stderr)
+            print(f"{label} failed (run id {result.run_id}); see `make ui` for the logs", file=sys.stderr)
+        return result.success
+
+    evaluation = defs.resolve_job_def(EVALUATION_JOB)
+    for i, key in enumerate(keys, 1):
+        if not run(job, key, f"run for window {key}"):
             return 1
         print(f"[{i}/{len(keys)}] {key} materialised ({time.time() - t0:.0f}s)", flush=True)
+        if i > 1 and not args.skip_evaluation:  # window t is judged on t+1's events: evaluate the previous window now
+            if not run(evaluation, keys[i - 2], f"evaluation of window {keys[i - 2]}"):
+                return 1
+    if not args.skip_adapters:
+        adapters = defs.resolve_job_def(ADAPTER_JOB)
+        for key in keys:
+            for objective in OBJECTIVES:
+                if not run(adapters, dg.MultiPartitionKey({"window": key, "objective": objective}), f"adapter {objective} for {key}"):
+                    return 1
+        print(f"objective adapters trained for {len(keys)} windows x {len(OBJECTIVES)} objectives ({time.time() - t0:.0f}s)", flush=True)
     store = defs.resources["storage"].store()
     print(f"\n{'window':<12}{'events':>10}{'conversions':>13}{'new entities':>14}{'catalog':>10}")
     for key, n, conv, new, size in summary_rows(store, keys):
         print(f"{key:<12}{n:>10,}{conv:>13,}{new:>14,}{size:>10,}")
+    if not args.skip_evaluation and len(keys) > 1:
+        report_windows(store, keys, REPORT_PATH)
     print(f"\nDone in {time.time() - t0:.0f}s. Open the UI on this result with `make ui` (http://127.0.0.1:3000).")
     return 0
 

@@ -7,10 +7,15 @@ import dagster as dg
 WINDOW_JOB = "hir_window"
 
 
+# Not in the window job: window_evaluation (window t is judged on t+1's events, which arrive with the next run)
+# and objective_adapter (partitioned by window x objective); each has a job of its own.
+SEPARATE_ASSETS = ("window_evaluation", "objective_adapter")
+
+
 def build_window_job(partitions: dg.PartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:
-    """Every HIR asset for one window, in dependency order; transient failures (an S3 blip) are retried."""
+    """Every per-window HIR asset for one window, in dependency order; transient failures (an S3 blip) are retried."""
     return dg.define_asset_job(
-        WINDOW_JOB, selection=dg.AssetSelection.all(), partitions_def=partitions,
+        WINDOW_JOB, selection=dg.AssetSelection.all() - dg.AssetSelection.assets(*SEPARATE_ASSETS), partitions_def=partitions,
         op_retry_policy=dg.RetryPolicy(max_retries=2, delay=10, backoff=dg.Backoff.EXPONENTIAL),
         description="All HIR assets for one window, in dependency order.")
 

@@ -1,11 +1,13 @@
 """Ingestion stage: the entity catalog, raw events and rejected events, one window per partition."""
 
+from contextlib import contextmanager
+
 import dagster as dg
 import pyarrow.compute as pc
 
 from dagster_project.partitions import window_of
 from dagster_project.resources import PartitionStorage, SourceResource
-from data_contracts import CATALOG, CONVERSION_EVENT, EVENTS, RELATIONS
+from data_contracts import CATALOG, CONVERSION_EVENT, EVENTS, RELATIONS, ContractError
 from hir_assets.checks import (NOT_EMPTY_CHECK, contract_check_results, contract_check_specs, rejected_result,
                                rejected_spec)
 from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET, REJECTED_FILE,
@@ -14,6 +16,16 @@ from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, E
 
 GROUP = "ingest"
 RELATIONS_PREFIX = "relations_"
+
+
+@contextmanager
+def permanent_failure():
+    """A file that breaks its contract fails the run at once: retrying cannot fix it (the window job's RetryPolicy
+    is for transient faults such as an S3 blip), and the alert then carries the contract error itself."""
+    try:
+        yield
+    except ContractError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
 
 
 def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
@@ -26,7 +38,7 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
         """Every entity known by the window end (users, advertisers, products, campaigns, KG entities) and their typed relations."""
         window, src, store = window_of(context), source.get(), storage.store()
         src.prepare()
-        with store.writing() as staging:
+        with permanent_failure(), store.writing() as staging:
             built = build_catalog(src, window, staging)
             entities = staging.read(CATALOG_ASSET, window.key, ENTITIES_FILE)
             relations = staging.read(CATALOG_ASSET, window.key, RELATIONS_FILE)
@@ -64,7 +76,7 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             if len(report.origins) % 20 == 0:
                 context.log.info(f"events {window.key}: {report.rows_in:,} rows read, {report.rejected:,} rejected")
 
-        with store.writing() as staging:
+        with permanent_failure(), store.writing() as staging:
             report = build_events(src, window, known, staging, progress)
             events = staging.read(EVENTS_ASSET, window.key, EVENTS_FILE)
             checks = contract_check_results(EVENTS, events, events_params(window, known), EVENTS_ASSET) + [

@@ -17,7 +17,7 @@ def test_default_definitions_load_with_movielens_windows():
     from dagster_project.definitions import defs
 
     dg.Definitions.validate_loadable(defs)
-    job = defs.resolve_implicit_global_asset_job_def()
+    job = defs.resolve_job_def("hir_window")
     keys = job.partitions_def.get_partition_keys()
     assert (keys[0], keys[-1], len(keys)) == ("1997-09-14", "1998-04-19", 32)  # no empty tail up to today
     assets = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}

@@ -38,7 +38,7 @@ def s3(monkeypatch):
 def test_assets_materialise_to_s3_and_read_back_with_boto3(byo, tmp_path, s3):
     config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri="s3://hir-test/runs/demo")
     defs = build_definitions(config)
-    job = defs.resolve_implicit_global_asset_job_def()
+    job = defs.resolve_job_def("hir_window")
     import dagster as dg
 
     result = job.execute_in_process(partition_key=KEY, instance=dg.DagsterInstance.ephemeral())

@@ -55,7 +55,7 @@ def receiver():
 def setup(byo: Path, tmp_path: Path):
     config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(tmp_path / "store"))
     defs = build_definitions(config)
-    return defs.resolve_implicit_global_asset_job_def(), defs.resolve_sensor_def("hir_alerts"), dg.DagsterInstance.ephemeral()
+    return defs.resolve_job_def("hir_window"), defs.resolve_sensor_def("hir_alerts"), dg.DagsterInstance.ephemeral()
 
 
 def tick(sensor, instance, notifier, cursor):

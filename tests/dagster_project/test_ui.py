@@ -81,7 +81,7 @@ def test_asset_graph_checks_and_a_launch_from_the_ui(webserver, monkeypatch):
     assets = sorted(k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys())
     checks = {a: sorted(c.name for c in defs.resolve_asset_graph().get_check_keys_for_assets({dg.AssetKey(a)})) for a in assets}
     with dg.DagsterInstance.from_config(str(home)) as instance:  # the upstream window, so raw_events can run
-        job = defs.resolve_implicit_global_asset_job_def()
+        job = defs.resolve_job_def("hir_window")
         assert job.get_subset(asset_selection={dg.AssetKey("entity_catalog")}).execute_in_process(
             partition_key=PARTITION, instance=instance).success
 

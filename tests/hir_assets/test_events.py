@@ -21,7 +21,7 @@ INGEST = {dg.AssetKey(k) for k in ("entity_catalog", "raw_events", "rejected_eve
 def materialize(byo: Path, tmp_path: Path, key: str = KEY) -> dg.ExecuteInProcessResult:
     config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(tmp_path / "store"), data_dir=tmp_path / "data")
     defs = build_definitions(config)
-    job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection=INGEST)  # this module tests ingestion alone
+    job = defs.resolve_job_def("hir_window").get_subset(asset_selection=INGEST)  # this module tests ingestion alone
     return job.execute_in_process(partition_key=key, instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
 
 
@@ -31,7 +31,7 @@ def checks(result: dg.ExecuteInProcessResult) -> dict[tuple[str, str], dg.AssetC
 
 def test_partitions_come_from_the_source(byo, tmp_path):
     config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(tmp_path))
-    job = build_definitions(config).resolve_implicit_global_asset_job_def()
+    job = build_definitions(config).resolve_job_def("hir_window")
     assert job.partitions_def.get_partition_keys() == ["2024-01-07", "2024-01-14"]
 
 
