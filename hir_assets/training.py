@@ -20,11 +20,13 @@ GROUP = "training"
 ENCODER_ASSET, CONTENT_ASSET = "hir_encoder", "content_embeddings"
 CHECKPOINT_FILE, METRICS_FILE = "checkpoint.pt", "metrics.json"
 LOSS_CHECK, COLLAPSE_CHECK, REPRODUCE_CHECK = "loss_finite_and_decreased", "no_level_collapsed", "checkpoint_reproduces_probe"
+WARM_LOSS_TOLERANCE = 0.02  # a warm-started window's held-out loss may end at most 2% above where it started
 MIN_USAGE_ENTROPY = 0.2  # normalised prototype-usage entropy per level below this = collapsed
 PROBE_TOLERANCE = 1e-4  # max |embedding difference| when the checkpoint re-embeds the probe batch
 PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 CHECK_SPECS = [
-    dg.AssetCheckSpec(LOSS_CHECK, asset=ENCODER_ASSET, blocking=True, description="every step's loss is finite, and the loss on fixed held-out batches fell over the window's training"),
+    dg.AssetCheckSpec(LOSS_CHECK, asset=ENCODER_ASSET, blocking=True, description="every step's loss is finite, and the loss on fixed held-out batches fell over the window's training "
+                                 f"(a warm-started window: did not rise by more than {WARM_LOSS_TOLERANCE:.0%})"),
     dg.AssetCheckSpec(COLLAPSE_CHECK, asset=ENCODER_ASSET, blocking=True,
                       description=f"every level's prototype-usage entropy (normalised) is above {MIN_USAGE_ENTROPY}"),
     dg.AssetCheckSpec(REPRODUCE_CHECK, asset=ENCODER_ASSET, blocking=True,
@@ -92,9 +94,14 @@ def check_results(metrics: dict, probe_error: float) -> list[dg.AssetCheckResult
         k = max(1, min(3, len(losses) // 4))
         first, last = (float(np.mean(losses[:k])), float(np.mean(losses[-k:]))) if losses else (-1.0, -1.0)
         measured = f"mean of the first / last {k} training steps"
+    # A fresh model must improve. A warm-started one may already sit at its plateau (MovieLens from ~window 25: held-out
+    # 5.89 -> 5.93, step losses wandering 5.7-6.2), so there it must not get worse by more than the noise allowance.
+    allowed = first * (1 + WARM_LOSS_TOLERANCE) if metrics.get("warm_started") else first
+    passed = finite and (last < first or (bool(metrics.get("warm_started")) and last <= allowed))
     return [
-        dg.AssetCheckResult(check_name=LOSS_CHECK, passed=finite and last < first,
-                            metadata={"start_loss": first, "final_loss": last, "measured_on": measured}),
+        dg.AssetCheckResult(check_name=LOSS_CHECK, passed=passed,
+                            metadata={"start_loss": first, "final_loss": last, "allowed_final": allowed,
+                                      "warm_started": bool(metrics.get("warm_started")), "measured_on": measured}),
         dg.AssetCheckResult(check_name=COLLAPSE_CHECK, passed=bool(entropy) and min(entropy) > MIN_USAGE_ENTROPY,
                             metadata={"usage_entropy": dg.MetadataValue.json(entropy), "threshold": MIN_USAGE_ENTROPY}),
         dg.AssetCheckResult(check_name=REPRODUCE_CHECK, passed=probe_error <= PROBE_TOLERANCE,

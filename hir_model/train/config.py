@@ -47,7 +47,7 @@ class TrainConfig:
     global_tokens: bool = True  # feed the coarse levels' prototypes (all but the finest) to the encoder as global tokens
     shards: int = 1  # micro-batches per step: the loss is the mean over shards (DDP: one shard per rank)
     checkpoint_every: int = 10  # write a resumable checkpoint every this many steps (0: only at the end)
-    held_out_batches: int = 2  # fixed batches scored before and after a window's steps (the loss-decreased check)
+    held_out_batches: int = 4  # fixed batches scored before and after a window's steps (the loss-decreased check)
     probe_size: int = 16  # fixed probe batch whose embeddings are logged and re-checked after loading
     metric_nodes: int = 512  # active nodes scored by the teacher at the end for the collapse metrics
     seed: int = 0

@@ -46,3 +46,16 @@ def test_checks_fail_on_rising_loss_collapse_and_drift():
     assert not any(r.passed for r in bad)
     good = check_results({"losses": [2.0, 1.0], "usage_entropy": [0.9, 0.8]}, probe_error=0.0)
     assert all(r.passed for r in good)
+
+
+def test_loss_check_uses_held_out_batches_and_lets_a_warm_plateau_pass():
+    def loss_passed(**metrics):
+        return next(r for r in check_results({"losses": [6.0, 6.1], "usage_entropy": [0.9], **metrics}, 0.0)
+                    if r.check_name == LOSS_CHECK).passed
+
+    # the step losses rose, but the held-out loss fell: the held-out measurement decides
+    assert loss_passed(held_out_start=6.0, held_out_final=5.8)
+    assert not loss_passed(held_out_start=5.888, held_out_final=5.933)  # a fresh model must improve
+    assert loss_passed(held_out_start=5.888, held_out_final=5.933, warm_started=True)  # +0.8%: a plateau
+    assert not loss_passed(held_out_start=5.0, held_out_final=5.5, warm_started=True)  # +10%: worse
+    assert not loss_passed(held_out_start=5.0, held_out_final=float("nan"), losses=[6.0, float("nan")], warm_started=True)
