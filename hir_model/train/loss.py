@@ -15,8 +15,6 @@ Levels run coarse to fine (level 0 has the fewest prototypes), as in hir_model.t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -49,14 +47,6 @@ def sinkhorn(scores: Tensor, eps: float, iters: int) -> Tensor:
         q /= all_reduce_sum(q.sum(dim=1, keepdim=True)) * k  # each prototype: total mass 1 / K
         q /= q.sum(dim=0, keepdim=True) * n  # each sample: mass 1 / n (rows are local)
     return (q * n).T
-
-
-@dataclass(frozen=True)
-class LossParts:
-    total: Tensor  # scalar, differentiable
-    distill: Tensor  # scalar: mean over levels of CE(teacher target, student)
-    consistency: Tensor  # scalar
-    engagement: Tensor  # scalar
 
 
 class DistillationLoss(nn.Module):

@@ -23,7 +23,13 @@ from hir_model.nn import collate
 from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
 from hir_model.train.data import TrainData, step_batch, view_of
-from hir_model.train.loss import DistillationLoss, all_reduce_sum, engagement_loss, parent_assignment, usage_stats
+from hir_model.train.loss import (
+    DistillationLoss,
+    all_reduce_sum,
+    engagement_loss,
+    parent_assignment,
+    usage_stats,
+)
 from hir_model.train.model import HIRModel, ema_update, make_teacher
 
 log = logging.getLogger("hir")
@@ -74,21 +80,28 @@ def _all_reduce_mean(x: float, device: torch.device) -> float:
 
 @torch.no_grad()
 def embed_nodes(model: HIRModel | torch.nn.Module, global_tokens: Tensor | None, data: TrainData, nodes: np.ndarray,
-                cfg: TrainConfig, seed: int = PROBE_SEED, chunk: int = 128) -> Tensor:
-    """(M, W) embeddings of `nodes` on their broad view (deterministic by seed), the encoder in eval mode."""
+                cfg: TrainConfig, seed: int = PROBE_SEED, chunk: int = 128, readout: bool = False) -> Tensor:
+    """(M, W) embeddings of `nodes` on their broad view (deterministic by seed), the encoder in eval mode; with
+    `readout`, the encoder's readout before the unit norm."""
     encoder = model.encoder if isinstance(model, HIRModel) else model
     device = next(encoder.parameters()).device
     was = encoder.training
     encoder.eval()
-    out = [encoder(collate(view_of(data, nodes[i:i + chunk], cfg, seed + i)).to(device), global_tokens).cpu()
+    run = encoder.readout if readout else encoder
+    out = [run(collate(view_of(data, nodes[i:i + chunk], cfg, seed + i)).to(device), global_tokens).cpu()
            for i in range(0, len(nodes), chunk)]
     encoder.train(was)
     return torch.cat(out) if out else torch.zeros(0, encoder.cfg.width)
 
 
+def sample_active(data: TrainData, cfg: TrainConfig, tag: int, size: int, sort: bool = True) -> np.ndarray:
+    """int64 [<= size]: active nodes drawn without replacement by rng (cfg.seed, tag); sorted unless told not to."""
+    nodes = np.random.default_rng([cfg.seed, tag]).permutation(data.active)[:size]
+    return np.sort(nodes) if sort else nodes
+
+
 def probe_nodes(data: TrainData, cfg: TrainConfig) -> np.ndarray:
-    rng = np.random.default_rng([cfg.seed, PROBE_SEED])
-    return np.sort(rng.permutation(data.active)[: cfg.probe_size])
+    return sample_active(data, cfg, PROBE_SEED, cfg.probe_size)
 
 
 def _state(student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, opt: torch.optim.Optimizer, cfg: TrainConfig,
@@ -145,18 +158,12 @@ def centre_inputs_and_readout(student: HIRModel, teacher: HIRModel, data: TrainD
     for m in (student, teacher):
         if data.content is not None and data.has_content.any():
             m.encoder.embed.content_mean.copy_(torch.from_numpy(data.content[data.has_content].mean(0)))
-    rng = np.random.default_rng([cfg.seed, PROBE_SEED + 4])
-    nodes = np.sort(rng.permutation(data.active)[: cfg.metric_nodes])
+    nodes = sample_active(data, cfg, PROBE_SEED + 4, cfg.metric_nodes)
     if not len(nodes):
         return
-    encoder, device = teacher.encoder, next(teacher.parameters()).device
-    was = encoder.training
-    encoder.eval()
-    h = torch.cat([encoder.readout(collate(view_of(data, nodes[i:i + 128], cfg, PROBE_SEED + 4 + i)).to(device), teacher.global_tokens())
-                   for i in range(0, len(nodes), 128)])  # (M, W)
-    encoder.train(was)
+    h = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 4, readout=True)  # (M, W)
     for m in (student, teacher):
-        m.encoder.out_mean.add_(h.mean(0))
+        m.encoder.out_mean.add_(h.mean(0).to(m.encoder.out_mean.device))
 
 
 def spherical_kmeans(x: Tensor, k: int, iters: int, gen: torch.Generator) -> Tensor:
@@ -181,8 +188,7 @@ def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: 
     hierarchy starts consistent). Warm start: only prototypes no sampled node chose (dead ones) move, to sampled
     embeddings. A prototype that never wins receives no gradient from the balanced targets' argmax and stays dead."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    rng = np.random.default_rng([cfg.seed, PROBE_SEED + 3])
-    nodes = np.sort(rng.permutation(data.active)[: cfg.metric_nodes])
+    nodes = sample_active(data, cfg, PROBE_SEED + 3, cfg.metric_nodes)
     z = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 3)  # (M, W)
     if len(z) < 2:
         return
@@ -331,7 +337,6 @@ def assignments(model: HIRModel, data: TrainData, nodes: np.ndarray, cfg: TrainC
 
 
 def collapse_metrics(model: HIRModel, data: TrainData, cfg: TrainConfig) -> tuple[list[float], list[float]]:
-    rng = np.random.default_rng([cfg.seed, PROBE_SEED + 2])
-    nodes = rng.permutation(data.active)[: cfg.metric_nodes]
+    nodes = sample_active(data, cfg, PROBE_SEED + 2, cfg.metric_nodes, sort=False)
     stats = [usage_stats(torch.from_numpy(a), k) for a, k in zip(assignments(model, data, nodes, cfg), cfg.levels)]
     return [round(e, 4) for e, _ in stats], [round(s, 4) for _, s in stats]
