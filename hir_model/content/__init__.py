@@ -8,17 +8,42 @@ Public API
   `write_checkpoint`, `load_checkpoint`, `export_local_dir` (an open_clip `local-dir:` folder).
 - Quality: `embedding_report`, `interest_agreement`, `neighbour_agreement`, `chance_agreement`.
 - `ModelNotFoundError`: a configured model folder, file, name or tag that is not on this machine.
+
+Imports are lazy (PEP 562): `to_matrix` and the other light names do not pull in transformers, open_clip and
+torchvision (3 s of imports in every training subprocess otherwise); a tower loads when its name is first used.
 """
 
-from hir_model.content.catalog_clip import (CatalogClipConfig, ClipCheckpoint, ClipRefresh, ClipTraining, export_local_dir,
-                                            load_checkpoint, refresh, save_checkpoint, train, write_checkpoint)
-from hir_model.content.embed import (ContentBuild, ContentConfig, Encoders, content_schema, embed_catalog, load_encoders,
-                                     embed_window, parse_version, to_matrix)
-from hir_model.content.fusion import FusionConfig, fuse
-from hir_model.content.image import CATALOG_CLIP, NO_IMAGES, ImageEncoder, ImageEncoderConfig, load_image_encoder
-from hir_model.content.quality import (EmbeddingReport, chance_agreement, embedding_report, interest_agreement,
-                                       neighbour_agreement)
-from hir_model.content.text import ModelNotFoundError, TextEncoder, TextEncoderConfig, packaged_model_dir
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_MODULE_OF = {
+    **dict.fromkeys(["CatalogClipConfig", "ClipCheckpoint", "ClipRefresh", "ClipTraining", "export_local_dir",
+                     "load_checkpoint", "refresh", "save_checkpoint", "train", "write_checkpoint"], "catalog_clip"),
+    **dict.fromkeys(["ContentBuild", "ContentConfig", "Encoders", "content_schema", "embed_catalog", "load_encoders",
+                     "embed_window", "parse_version"], "embed"),
+    **dict.fromkeys(["FusionConfig", "fuse"], "fusion"),
+    **dict.fromkeys(["CATALOG_CLIP", "NO_IMAGES", "ImageEncoder", "ImageEncoderConfig", "load_image_encoder"], "image"),
+    **dict.fromkeys(["EmbeddingReport", "chance_agreement", "embedding_report", "interest_agreement",
+                     "neighbour_agreement"], "quality"),
+    **dict.fromkeys(["ModelNotFoundError", "TextEncoder", "TextEncoderConfig", "packaged_model_dir"], "text"),
+    "to_matrix": "vectors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_MODULE_OF))
+
 
 __all__ = [
     "CATALOG_CLIP", "NO_IMAGES", "CatalogClipConfig", "ClipCheckpoint", "ClipRefresh", "ClipTraining", "ContentBuild",

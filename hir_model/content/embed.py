@@ -26,6 +26,7 @@ from hir_model.content.fusion import FusionConfig, fuse
 from hir_model.content.image import ImageEncoder, ImageEncoderConfig, load_image_encoder
 from hir_model.content.media import MediaError, decode_image, read_media, video_frames
 from hir_model.content.text import TextEncoder, TextEncoderConfig
+from hir_model.content.vectors import to_matrix  # noqa: F401  (re-exported: the package's public API)
 
 Progress = Callable[[str, int, int], None]  # (stage "text" | "image", done, total)
 MAX_PROBLEMS = 50  # problems kept verbatim (the count is always exact)
@@ -95,17 +96,6 @@ def load_encoders(config: ContentConfig, clip_checkpoint: Path | None = None) ->
 
 def parse_version(version: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in version.split(";") if "=" in part)
-
-
-def to_matrix(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A fixed_size_list<float32> column as ((N, D) float32 with NaN rows for nulls, (N,) bool valid)."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    d = arr.type.list_size
-    values = arr.values.slice(arr.offset * d, len(arr) * d).to_numpy(zero_copy_only=False)
-    mat = np.array(values, np.float32).reshape(len(arr), d)
-    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), bool)
-    mat[~valid] = np.nan
-    return mat, valid
 
 
 def _vectors(mat: np.ndarray, valid: np.ndarray) -> pa.Array:

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hir_model.content.embed import to_matrix
+from hir_model.content.vectors import to_matrix
 
 VECTOR_COLUMNS = ("embedding", "text_embedding", "image_embedding")
 NORM_TOLERANCE = 1e-3  # |norm - 1| allowed for a unit vector (float32 rounding)

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts.vocab import ENGAGEABLE_TYPES
+from hir_model.content.vectors import to_matrix
 from hir_model.graph.csr import Graph
 from hir_model.graph.sampler import sample
 from hir_model.graph.storage import load_graph
@@ -74,7 +75,6 @@ def content_by_node(graph: Graph, content_path: Path | None) -> tuple[np.ndarray
     """content_embeddings' fused `embedding` column aligned to graph nodes: (float32 [N, C], bool [N])."""
     if content_path is None or not Path(content_path).exists():
         return None, None
-    from hir_model.content.embed import to_matrix  # local: keeps the content towers' imports off the training path
     t = pq.read_table(content_path, columns=["entity_id", "embedding"])
     mat, valid = to_matrix(t.column("embedding"))  # (M, C), (M,)
     node = graph.nodes.index_of(t.column("entity_id"))  # (M,), -1 when unknown to the graph
