@@ -23,6 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # 2 shared cores: threaded BLAS o
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -139,6 +140,7 @@ def main() -> None:
     p.add_argument("--levels", default="", help="prototypes per level, e.g. 8,32,128 (default: hir.toml's [train.synthetic])")
     p.add_argument("--users", type=int, default=0, help="query users (default 1000; --quick: 200)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--set", action="append", default=[], help="override a TrainConfig field (JSON value), e.g. --set refine_iters=0")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     source = SyntheticSource(SyntheticConfig(), Path(os.environ.get("HIR_DATA_DIR", REPO / "data")) / "synthetic-seed7")
@@ -147,6 +149,7 @@ def main() -> None:
     cfg = with_overrides(TrainConfig(), load_config(env={**os.environ, "HIR_SOURCE": "synthetic"}).train)  # as hir_encoder
     cfg = replace(cfg, **({"steps": args.steps} if args.steps else {}),
                   **({"levels": tuple(int(x) for x in args.levels.split(","))} if args.levels else {}))
+    cfg = with_overrides(cfg, {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.set)})
     config = IndexConfig()
     with tempfile.TemporaryDirectory(prefix="hir-retrieval-bench-") as tmp:
         graph, content, catalog, ckpt, end = train_windows(source, windows, cfg, Path(tmp))

@@ -77,8 +77,9 @@ def nmi_report(model: HIRModel, cfg: TrainConfig, data: TrainData, source, seed:
     keep = (node >= 0) & np.isin(node, data.active)
     node = node[keep]
     learned = assignments(model, data, node, cfg)
+    planted = sum(c.startswith("interest_l") for c in truth.column_names)
     out = {}
-    for lvl, a in enumerate(learned):
+    for lvl, a in enumerate(learned[:planted]):  # learned level l vs planted level l (finer learned levels: none to compare)
         gt = truth.column(f"interest_l{lvl}").to_numpy()[keep]
         out[f"nmi_l{lvl}"] = round(nmi(gt, a), 3)
         z = embed_nodes(model, model.global_tokens(), data, node, cfg).numpy() if lvl == 0 else z

@@ -99,6 +99,22 @@ def with_content(batch: SampledBatch, data: TrainData) -> SampledBatch:
     return replace(batch, content=data.content[batch.node], has_content=data.has_content[batch.node])
 
 
+def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
+    """`batch` with the sequences flagged in `which` (bool [B]) cut to their seed token: the view a never-engaged
+    entity has (its id, type and content). Other sequences are untouched (their local ancestor indices stay valid)."""
+    owner = np.repeat(np.arange(batch.num_sequences), batch.lengths)  # (T,)
+    keep = (batch.depth == 0) | ~np.asarray(which, bool)[owner]
+    offsets = np.zeros_like(batch.offsets)
+    np.cumsum(np.bincount(owner[keep], minlength=batch.num_sequences), out=offsets[1:])
+    cut = {f: getattr(batch, f)[keep] for f in ("node", "hash_codes", "node_type", "depth", "ancestors", "edge_type", "edge_age")}
+    if batch.content is not None:
+        cut.update(content=batch.content[keep], has_content=batch.has_content[keep])
+    return replace(batch, offsets=offsets, **cut)
+
+
+ENGAGEABLE_CODES = np.array([NODE_TYPES.index(t) for t in ENGAGEABLE_TYPES], np.int64)
+
+
 @dataclass(frozen=True)
 class StepBatch:
     """One shard of one step: B seeds = P pair users + P pair entities + the rest active nodes."""
@@ -118,6 +134,9 @@ def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int) -> Step
     seeds = np.concatenate([data.pair_user[idx], data.pair_entity[idx], rest]).astype(np.int64)
     narrow = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.narrow, rng), data)
     broad = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.broad, rng), data)
+    if cfg.cold_share > 0:  # DropoutNet-style: the student sees some entities as if new, the teacher their history
+        engageable = np.isin(np.asarray(data.graph.nodes.node_type, np.int64)[seeds], ENGAGEABLE_CODES)
+        narrow = seed_only(narrow, engageable & (rng.random(len(seeds)) < cfg.cold_share))
     return StepBatch(narrow, broad, p, data.pair_sign[idx])
 
 

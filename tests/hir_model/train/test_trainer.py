@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from hir_model.train.checkpoint import load_checkpoint, load_trained_model
-from hir_model.train.data import view_of
+from hir_model.graph.types import NODE_TYPES
+from hir_model.nn import collate
+from hir_model.train.data import seed_only, step_batch, view_of
 from hir_model.train.model import HIRModel, ema_update, make_teacher
-from hir_model.train.trainer import NonFiniteLoss, embed_nodes, train_window
+from hir_model.train.trainer import NonFiniteLoss, embed_nodes, seed_prototypes, train_window
 from tests.hir_model.train.tiny import tiny_config, tiny_data
 
 
@@ -106,3 +108,57 @@ def test_two_process_gloo_ddp_matches_one_process(tmp_path):
             width = len(v) // 3
             v, w = torch.cat([v[:width], v[2 * width:]]), torch.cat([w[:width], w[2 * width:]])
         torch.testing.assert_close(v, w, atol=1e-4, rtol=1e-3)
+
+
+def test_seed_only_cuts_flagged_sequences_to_their_seed_token():
+    data, _ = tiny_data()
+    cfg = tiny_config()
+    batch = view_of(data, data.active[:6], cfg, seed=1)
+    assert (batch.lengths > 1).all()
+    which = np.array([True, False, True, False, False, True])
+    cut = seed_only(batch, which)
+    np.testing.assert_array_equal(cut.seeds, batch.seeds)
+    np.testing.assert_array_equal(cut.lengths, np.where(which, 1, batch.lengths))
+    for s in np.flatnonzero(~which):  # untouched sequences: every token array the same
+        a, b = slice(batch.offsets[s], batch.offsets[s + 1]), slice(cut.offsets[s], cut.offsets[s + 1])
+        for f in ("node", "depth", "ancestors", "edge_type", "edge_age", "hash_codes"):
+            np.testing.assert_array_equal(getattr(cut, f)[b], getattr(batch, f)[a])
+    assert (cut.node[cut.offsets[:-1][which]] == batch.seeds[which]).all() and (cut.depth[cut.offsets[:-1][which]] == 0).all()
+    z = HIRModel(cfg).encoder(collate(cut))  # the encoder takes a one-token sequence
+    assert torch.isfinite(z).all()
+
+
+def test_cold_share_draws_seed_only_views_of_entities_never_of_users():
+    data, _ = tiny_data()
+    types = np.asarray(data.graph.nodes.node_type)
+    user = NODE_TYPES.index("user")
+    warm = step_batch(data, tiny_config(cold_share=0.0, batch_size=64), 0, 0)
+    cold = step_batch(data, tiny_config(cold_share=1.0, batch_size=64), 0, 0)
+    np.testing.assert_array_equal(warm.narrow.seeds, cold.narrow.seeds)
+    is_user = types[cold.narrow.seeds] == user
+    assert (cold.narrow.lengths[~is_user] == 1).all() and (warm.narrow.lengths[~is_user] > 1).any()
+    np.testing.assert_array_equal(cold.narrow.lengths[is_user], warm.narrow.lengths[is_user])
+    np.testing.assert_array_equal(cold.broad.lengths, warm.broad.lengths)  # the teacher keeps the history
+
+
+def test_a_warm_start_moves_prototypes_to_the_centroids_of_the_teachers_embeddings():
+    data, _ = tiny_data()
+    cfg = tiny_config(refine_iters=20)
+    student = HIRModel(cfg)
+    teacher = make_teacher(student)
+    nodes = data.active
+
+    def fit() -> list[float]:  # per level: mean cosine of a node to its nearest prototype
+        z = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg)
+        return [float((z @ p.T).max(1).values.mean()) for p in teacher.normalised_prototypes()]
+
+    before = fit()
+    seed_prototypes(student, teacher, data, cfg, fresh=False)
+    for s, t in zip(student.prototypes, teacher.prototypes):
+        torch.testing.assert_close(s, t)
+    after = fit()
+    assert all(a > b + 0.05 for a, b in zip(after, before)), (before, after)  # random prototypes -> centroids
+    kept = [p.detach().clone() for p in teacher.prototypes]
+    seed_prototypes(student, teacher, data, tiny_config(refine_iters=0), fresh=False)  # off: nothing moves
+    for p, q in zip(teacher.prototypes, kept):
+        torch.testing.assert_close(p, q)
