@@ -40,6 +40,7 @@ class TrainData:
 # Seeds, probes and collapse metrics cover users and ad entities; knowledge-graph nodes are context only (they are
 # never published, and on MovieLens 32k of them would outnumber the 2.6k users and films 12 to 1).
 SEED_TYPES: tuple[str, ...] = ("user",) + ENGAGEABLE_TYPES
+ENGAGEABLE_CODES = np.array([NODE_TYPES.index(t) for t in ENGAGEABLE_TYPES], np.int64)  # their NODE_TYPES indices
 
 
 def active_nodes(graph: Graph, cutoff_us: int) -> np.ndarray:
@@ -110,9 +111,6 @@ def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
     if batch.content is not None:
         cut.update(content=batch.content[keep], has_content=batch.has_content[keep])
     return replace(batch, offsets=offsets, **cut)
-
-
-ENGAGEABLE_CODES = np.array([NODE_TYPES.index(t) for t in ENGAGEABLE_TYPES], np.int64)
 
 
 @dataclass(frozen=True)
