@@ -23,7 +23,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # 2 shared cores: threaded BLAS o
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -50,7 +49,7 @@ from hir_model.retrieval import (ITEM_TYPES, IndexConfig, Retriever, bom_tokens,
                                  recall_at_k, sample_users, write_index)
 from hir_model.train.checkpoint import load_checkpoint, load_trained_model  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
-from hir_model.train.config import TrainConfig, with_overrides  # noqa: E402
+from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
 from hir_model.train.data import TrainData, active_nodes, engagement_pairs  # noqa: E402
 from hir_model.train.trainer import train_window  # noqa: E402
 
@@ -149,7 +148,7 @@ def main() -> None:
     cfg = with_overrides(TrainConfig(), load_config(env={**os.environ, "HIR_SOURCE": "synthetic"}).train)  # as hir_encoder
     cfg = replace(cfg, **({"steps": args.steps} if args.steps else {}),
                   **({"levels": tuple(int(x) for x in args.levels.split(","))} if args.levels else {}))
-    cfg = with_overrides(cfg, {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.set)})
+    cfg = with_overrides(cfg, parse_overrides(args.set))
     config = IndexConfig()
     with tempfile.TemporaryDirectory(prefix="hir-retrieval-bench-") as tmp:
         graph, content, catalog, ckpt, end = train_windows(source, windows, cfg, Path(tmp))

@@ -31,7 +31,7 @@ from hir_model.graph.build import build_graph  # noqa: E402
 from hir_model.graph.window import to_us  # noqa: E402
 from hir_model.train.checkpoint import load_checkpoint  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
-from hir_model.train.config import TrainConfig, with_overrides  # noqa: E402
+from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
 from hir_model.train.data import TrainData, active_nodes, engagement_pairs, load_train_data  # noqa: E402
 from hir_model.train.model import HIRModel  # noqa: E402
 from hir_model.train.trainer import assignments, embed_nodes, train_window  # noqa: E402
@@ -103,7 +103,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--store", default="", help="a materialised storage root: read engagement_graph, raw_events and "
                    "content_embeddings of each window from it instead of building them")
-    p.add_argument("--set", action="append", default=[], help="override a TrainConfig field, e.g. --set lr=0.005")
+    p.add_argument("--set", action="append", default=[], help="override a TrainConfig field (JSON value), e.g. --set lr=0.005")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     source = source_of(args.source)
@@ -113,9 +113,7 @@ def main() -> None:
         cfg = replace(cfg, levels=tuple(int(k) for k in args.levels.split(",")))
     if args.steps or args.quick:
         cfg = replace(cfg, steps=args.steps or 10)
-    for kv in args.set:
-        k, v = kv.split("=", 1)
-        cfg = replace(cfg, **{k: type(getattr(cfg, k))(v)})
+    cfg = with_overrides(cfg, parse_overrides(args.set))
     n_windows = args.windows or (2 if args.quick else 6)
     windows = WindowSpec.covering("weekly", *source.span()).windows()[:n_windows]
     prev_graph, prev_ckpt, times, sps = None, None, [], []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -101,6 +102,20 @@ def with_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
     if unknown:
         raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(TrainConfig.__dataclass_fields__)}")
     return replace(cfg, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """`field=value` strings (values in JSON: 0.005, false, [4, 12, 36]) -> a dict for `with_overrides`."""
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"override {pair!r} is not field=value")
+        try:
+            out[name] = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"override {pair!r}: the value is not JSON ({e.msg}); strings need quotes") from e
+    return out
 
 
 def momentum_schedule(cfg: TrainConfig) -> np.ndarray:

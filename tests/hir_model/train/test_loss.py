@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
+from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule, parse_overrides, with_overrides
 from hir_model.train.loss import DistillationLoss, engagement_loss, parent_assignment, sinkhorn, usage_stats
 
 CFG = TrainConfig(levels=(2, 4), batch_size=8, steps=10)
@@ -71,3 +72,12 @@ def test_schedules_are_precomputed_arrays():
     m, lr = momentum_schedule(CFG), lr_schedule(CFG)
     assert m.shape == lr.shape == (10,) and m[0] == CFG.momentum_start and abs(m[-1] - CFG.momentum_end) < 1e-12
     assert (lr > 0).all() and lr.max() <= CFG.lr
+
+
+def test_benchmark_overrides_parse_json_values_and_name_bad_ones():
+    cfg = with_overrides(TrainConfig(), parse_overrides(["lr=0.005", "global_tokens=false", "levels=[4, 12, 36]"]))
+    assert (cfg.lr, cfg.global_tokens, cfg.levels) == (0.005, False, (4, 12, 36))
+    with pytest.raises(ValueError, match="'steps'"):
+        parse_overrides(["steps"])
+    with pytest.raises(ValueError, match="not JSON"):
+        parse_overrides(["backend=dense"])
