@@ -7,6 +7,8 @@ export DAGSTER_HOME ?= $(CURDIR)/.hir/dagster_home
 export HIR_DATA_DIR ?= $(CURDIR)/data
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_DISABLE_TELEMETRY := 1
+# No wheel cache: the stack is ~6.6 GB in .venv already, and a cached copy has filled a CI disk before.
+export PIP_NO_CACHE_DIR := 1
 
 .PHONY: demo test test-fast ui data bench clean
 
