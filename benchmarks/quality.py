@@ -1,18 +1,33 @@
-"""Next-window ranking quality of the baselines (HIR joins as one more column), side by side.
+"""Next-window ranking quality of HIR and the baselines (popularity, content kNN, ALS, LightGCN), side by side.
 
 Cases:
 - `synthetic`: the synthetic ad ecosystem at two sizes (events per window), 8 weekly windows, every window
-  with a successor evaluated (7). Ground truth is planted, cold-start items appear every window.
+  with a successor evaluated (7). Ground truth is planted, cold-start items appear every window. HIR is one of the
+  methods (`--no-hir`: the baselines only).
 - `movielens`: the real MovieLens-100K windows (31 with a successor), deep-funnel Recall@20 of warm and cold
-  users averaged over the last 4 windows, and the total evaluation time of all baselines.
+  users averaged over the last 4 windows, and the total evaluation time of all baselines (baselines only).
 
 Each case materialises its source's `entity_catalog` and `raw_events` into a temporary partition store
-exactly as the assets publish them (not timed), then runs `evaluate_windows` over it (timed: fits, scoring,
-metrics, lift). Content vectors are the hashed TF-IDF stand-in (the `content_embeddings` asset is not
-materialised here).
+exactly as the assets publish them (not timed). Without HIR it then runs `evaluate_windows` over it (timed: fits,
+scoring, metrics, lift), content vectors being the evaluation's hashed TF-IDF stand-in.
+
+With HIR (the synthetic case by default) it publishes, window by window into the same store, what the pipeline's
+assets publish for HIR, with the library calls they make: `content_embeddings` (here the hashed TF-IDF stand-in of
+the window's catalogue text, `hir_model.eval.text_vectors`: no model weights), `engagement_graph`
+(`build_window_graph`), `hir_encoder` (`train_window` on `load_train_data`, hir.toml's [train] + [train.synthetic],
+warm-started from t-1, the checkpoint and metrics.json in the asset's layout) and `entity_embeddings`
+(`embed_window`), for every window but the last (it has no successor to be evaluated on; timed, the `hir_build_s`
+line). It then evaluates every window with a successor exactly as the `window_evaluation` asset does
+(`evaluate_published_window`: HIR and the baselines on the same split, the baselines warm-starting from the previous
+window's outcome, the conversion lift on HIR's pair score; timed), so every method reads the stand-in
+`content_embeddings` (`content=asset`; the content kNN baseline's figures then differ from `--no-hir`'s in the third
+decimal: IDF over window t's catalogue instead of the items known by end(t)). No `interest_hierarchy` or `bom_index`
+is built (no NMI / BoM lines).
 
     python benchmarks/quality.py            # synthetic at 100k and 400k events/window, all MovieLens windows
     python benchmarks/quality.py --quick    # synthetic at 20k and 80k events/window, the last 8 MovieLens windows
+    python benchmarks/quality.py --quick --cases synthetic --no-hir   # the baselines only
+    python benchmarks/quality.py --quick --cases synthetic --set steps=20   # HIR trained with a TrainConfig override
     python benchmarks/quality.py --store .hir/storage/movielens   # HIR beside the baselines on a materialised store
 
 `--store` reads a store the pipeline materialised (the demo's: HIR's entity_embeddings, hir_encoder, graph and
@@ -21,7 +36,9 @@ content of every window), evaluates every window with a successor exactly as the
 the same lines with HIR as one more method. The windows come from the configured source (HIR_SOURCE, hir.toml).
 
 Prints one `key=value` line per (case, method, slice, target) with Recall@20 and NDCG@20, a line per case
-with its cost, the MovieLens last-4 line per method, and writes markdown + HTML reports under --out.
+with its cost (with HIR first a `hir_build_s` line: seconds of the content stand-in, graphs, training and embedding,
+and the last window's loss and the lowest prototype-usage entropy), the MovieLens
+last-4 line per method, and writes markdown + HTML reports under --out.
 """
 
 from __future__ import annotations
@@ -32,19 +49,24 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # on 2 shared cores, threade
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from dataclasses import replace  # noqa: E402
+from dataclasses import asdict, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
 from hir_model.data.source import Source  # noqa: E402
-from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, build_catalog, build_events  # noqa: E402
+from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, build_catalog,  # noqa: E402
+                                   build_events)
 from hir_model.data.windows import WindowSpec  # noqa: E402
 from hir_model.eval.baselines import baselines  # noqa: E402
 from hir_model.eval.report import evaluated, summary, write_report  # noqa: E402
@@ -66,15 +88,129 @@ def materialise(source: Source, store: PartitionStore) -> WindowSpec:
     return spec
 
 
-def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int | None = None, last: int = 4) -> list:
+def hir_train_config(overrides: list[str] = ()):
+    """hir_encoder's TrainConfig for the synthetic source: hir.toml's [train] and [train.synthetic] (as the asset gets
+    them), then `overrides` (`field=value`, JSON values)."""
+    from hir_model.config import load_config
+    from hir_model.train.config import TrainConfig, parse_overrides, with_overrides
+
+    cfg = with_overrides(TrainConfig(), load_config(env={**os.environ, "HIR_SOURCE": "synthetic"}).train)
+    return with_overrides(cfg, parse_overrides(list(overrides)))
+
+
+def content_stand_in(catalog: pa.Table) -> pa.Table:
+    """A `content_embeddings` table (entity_id, embedding; null without text) from the hashed TF-IDF stand-in of the
+    window's catalogue text (IDF over that catalogue: nothing after the window end)."""
+    from hir_model.eval.text_vectors import entity_text, text_vectors
+
+    texts = [entity_text(t, d, c) for t, d, c in zip(*(catalog.column(k).to_pylist() for k in ("title", "description", "category")))]
+    mat, has = text_vectors(texts, np.array([t is not None for t in texts], bool))  # (M, C), (M,)
+    flat = pa.array(np.where(has[:, None], mat, 0).astype(np.float32).reshape(-1))
+    return pa.table({"entity_id": catalog.column("entity_id"),
+                     "embedding": pa.FixedSizeListArray.from_arrays(flat, mat.shape[1], mask=pa.array(~has))})
+
+
+def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, scratch: Path) -> dict:
+    """Publish HIR's artefacts of every window up to the last of `keys` with a successor, in the assets' layout:
+    content_embeddings (the stand-in; every window, t+1's new items read it), engagement_graph, hir_encoder
+    (warm-started from t-1) and entity_embeddings. Returns seconds per stage and the training summary."""
+    from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
+    from hir_model.graph.window import GRAPH_ASSET, build_window_graph, to_us
+    from hir_model.hierarchy.window import (CHECKPOINT_FILE, CONTENT_ASSET, CONTENT_FILE, EMBEDDINGS_ASSET, ENCODER_ASSET,
+                                            checkpoint_path, embed_window)
+    from hir_model.train.data import load_train_data
+    from hir_model.train.trainer import train_window
+
+    needed = [k for k in keys if spec.next(spec.window(k)) is not None]
+    upto = max(needed, default="")
+    seconds = {"content": 0.0, "graph": 0.0, "train": 0.0, "embed": 0.0}
+    losses, entropy, previous = [], [], None
+    for window in spec.windows():
+        key = window.key
+        t0 = time.perf_counter()
+        catalog = store.read(CATALOG_ASSET, key, ENTITIES_FILE, columns=["entity_id", "title", "description", "category"])
+        with store.writing() as staging:
+            staging.write_table(CONTENT_ASSET, key, CONTENT_FILE, content_stand_in(catalog))
+        t1 = time.perf_counter()
+        seconds["content"] += t1 - t0
+        if key > upto:
+            continue
+        with store.writing() as staging:  # engagement_graph: graph(t) from graph(t-1) and window t's tables
+            build_window_graph(store, window, previous, staging)
+        t2 = time.perf_counter()
+        out = scratch / key / CHECKPOINT_FILE  # hir_encoder: trained beside the store, then committed like the asset does
+        out.parent.mkdir(parents=True, exist_ok=True)
+        data = load_train_data(store.partition_dir(GRAPH_ASSET, key), store.partition_dir(EVENTS_ASSET, key) / f"{EVENTS_FILE}.parquet",
+                               store.partition_dir(CONTENT_ASSET, key) / f"{CONTENT_FILE}.parquet")
+        result = train_window(data, cfg, out, checkpoint_path(store, previous) if previous else None, key)
+        with store.writing() as staging:
+            folder = staging.path(ENCODER_ASSET, key)
+            shutil.copyfile(out, folder / CHECKPOINT_FILE)
+            (folder / "metrics.json").write_text(json.dumps(asdict(result)) + "\n")
+        t3 = time.perf_counter()
+        build = embed_window(store, key, to_us(window.end), EmbedConfig())  # entity_embeddings, in the checkpoint's view
+        with store.writing() as staging:
+            staging.write_table(EMBEDDINGS_ASSET, key, EMBEDDINGS_FILE, embeddings_table(build.embeddings))
+        t4 = time.perf_counter()
+        seconds["graph"] += t2 - t1
+        seconds["train"] += t3 - t2
+        seconds["embed"] += t4 - t3
+        losses.append(result.losses[-1] if result.losses else float("nan"))
+        entropy.append(min(result.usage_entropy, default=float("nan")))
+        previous = key
+    return {"seconds": seconds, "windows_trained": len(losses),
+            "last_loss": losses[-1] if losses else float("nan"), "min_usage_entropy": min(entropy, default=float("nan"))}
+
+
+def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None) -> list:
+    """Every window of `keys` through `evaluate_published_window` (HIR + baselines), in time order, each warm-starting
+    from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window."""
+    from hir_model.eval.window import WindowOutcome, evaluate_published_window
+
+    results, previous = [], None
+    for key in sorted(keys):
+        outcome = evaluate_published_window(store, spec, key, truth=truth, previous=previous)
+        if isinstance(outcome, WindowOutcome):
+            previous = outcome
+            results.append(outcome.evaluation)
+            if on_window is not None:
+                on_window(key, outcome)
+        else:
+            results.append(outcome)
+    return results
+
+
+def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int | None = None, last: int = 4,
+             hir=None) -> list:
+    """`hir` (a TrainConfig): publish HIR's artefacts trained with it (`publish_hir`) and evaluate as `window_evaluation`
+    does, HIR among the methods; None: the baselines only."""
     store = PartitionStore(workdir / name)
     t0 = time.perf_counter()
     spec = materialise(source, store)
     setup = time.perf_counter() - t0
     keys = [w.key for w in spec.windows()]
     keys = keys[-(windows + 1):] if windows else keys  # + 1: the last window is skipped (no successor)
-    t0 = time.perf_counter()
-    results = evaluate_windows(store, spec, keys, baselines(), EvalConfig())
+    if hir is not None:
+        t0 = time.perf_counter()
+        built = publish_hir(store, spec, keys, hir, workdir / f"{name}-hir-scratch")
+        s = built["seconds"]
+        print(f"case={name} hir_build_s={time.perf_counter() - t0:.1f} hir_content_s={s['content']:.1f} hir_graph_s={s['graph']:.1f} "
+              f"hir_train_s={s['train']:.1f} hir_embed_s={s['embed']:.1f} windows_trained={built['windows_trained']} "
+              f"steps_per_window={hir.steps} levels={','.join(map(str, hir.levels))} last_loss={built['last_loss']:.3f} "
+              f"min_usage_entropy={built['min_usage_entropy']:.3f}", flush=True)
+        t0 = time.perf_counter()
+        unevaluated = {}
+
+        def note(key, outcome):
+            if not outcome.extras.get("hir", {}).get("evaluated"):
+                unevaluated[key] = outcome.extras.get("hir", {}).get("reason", "")
+
+        results = evaluate_published(store, spec, keys, on_window=note)
+        for key, reason in unevaluated.items():
+            print(f"case={name} window={key} hir=no reason={reason!r}", flush=True)
+    else:
+        t0 = time.perf_counter()
+        results = evaluate_windows(store, spec, keys, baselines(), EvalConfig())
     seconds = time.perf_counter() - t0
     evals = evaluated(results)
     for row in summary(results):
@@ -87,10 +223,12 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
             fit[t.method] = fit.get(t.method, 0.0) + t.fit_s + t.score_s
     lifts = [e.lift for e in evals if e.lift is not None and e.lift.extended is not None]
     auc_lift = sum(lf.auc_lift for lf in lifts) / len(lifts) if lifts else float("nan")
+    content = ",".join(sorted({e.content_source for e in evals}))
     print(f"case={name} windows_evaluated={len(evals)} windows_skipped={len(results) - len(evals)} setup_s={setup:.1f} "
           f"eval_s={seconds:.1f} " + " ".join(f"{m}_s={s:.1f}" for m, s in fit.items())
-          + f" mean_lift_auc_mf_als={auc_lift:+.4f}", flush=True)
-    files = write_report(results, out / name, title=f"{name}: baselines, next-window evaluation", last=last)
+          + f" content={content} mean_lift_auc_{'mf_als' if hir is None else 'hir'}={auc_lift:+.4f}", flush=True)
+    what = "baselines" if hir is None else "HIR and baselines"
+    files = write_report(results, out / name, title=f"{name}: {what}, next-window evaluation", last=last)
     print(f"case={name} report={files.html}", flush=True)
     return results
 
@@ -112,27 +250,22 @@ def run_store(root: Path, out: Path, last: int = 4) -> list:
     import pyarrow.parquet as pq
 
     from hir_model.config import load_config
-    from hir_model.eval.window import WindowOutcome, evaluate_published_window
 
     config = load_config()
     source = config.make_source()
     spec = config.window_spec(source)
     truth_path = Path(getattr(source, "data_dir", "")) / "ground_truth" / "entities.parquet"
     truth = pq.read_table(truth_path) if config.source == "synthetic" and truth_path.is_file() else None
-    store, results, previous = PartitionStore(root), [], None
+
+    def line(key, outcome):
+        hir = outcome.extras.get("hir", {})
+        print(f"case=store window={key} hir={'yes' if hir.get('evaluated') else 'no (' + hir.get('reason', '') + ')'} "
+              + " ".join(f"{t.method}_s={t.fit_s + t.score_s:.2f}" for t in outcome.evaluation.timings)
+              + "".join(f" nmi_L{a.level}={a.nmi:.3f} ari_L{a.level}={a.ari:.3f}" for a in outcome.agreement
+                        if a.level == a.planted_level), flush=True)
+
     t0 = time.perf_counter()
-    for window in spec.windows():
-        outcome = evaluate_published_window(store, spec, window.key, truth=truth, previous=previous)
-        if isinstance(outcome, WindowOutcome):
-            previous = outcome
-            results.append(outcome.evaluation)
-            hir = outcome.extras.get("hir", {})
-            print(f"case=store window={window.key} hir={'yes' if hir.get('evaluated') else 'no (' + hir.get('reason', '') + ')'} "
-                  + " ".join(f"{t.method}_s={t.fit_s + t.score_s:.2f}" for t in outcome.evaluation.timings)
-                  + "".join(f" nmi_L{a.level}={a.nmi:.3f} ari_L{a.level}={a.ari:.3f}" for a in outcome.agreement
-                            if a.level == a.planted_level), flush=True)
-        else:
-            results.append(outcome)
+    results = evaluate_published(PartitionStore(root), spec, [w.key for w in spec.windows()], truth, line)
     name = f"store_{config.source}"
     for row in summary(results):
         print(f"case={name} method={row.method} users={row.users} items={row.items} target={row.target} windows={row.windows} "
@@ -151,11 +284,15 @@ def main() -> None:
     parser.add_argument("--cases", default="synthetic,movielens", help="comma-separated: synthetic, movielens")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data", help="holds ml-100k/ (fetched by `make data`)")
     parser.add_argument("--store", type=Path, help="evaluate HIR beside the baselines on this materialised store (and nothing else)")
+    parser.add_argument("--no-hir", action="store_true", help="synthetic cases: the baselines only (no HIR training, embedding, column)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a TrainConfig field of HIR's training (JSON value), e.g. --set steps=20")
     args = parser.parse_args()
     if args.store:
         run_store(args.store, args.out)
         return
     cases = set(args.cases.split(","))
+    hir = None if args.no_hir else hir_train_config(args.set)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if "synthetic" in cases:
@@ -163,7 +300,7 @@ def main() -> None:
 
             for size in ((20_000, 80_000) if args.quick else (100_000, 400_000)):
                 source = SyntheticSource(replace(SyntheticConfig(), events_per_window=size), workdir / f"synthetic-{size}")
-                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out)
+                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir)
         if "movielens" in cases:
             from hir_model.data.movielens import MovieLensSource
 
