@@ -8,10 +8,12 @@ then the last window's entities are embedded, assigned to the hierarchy and inde
 
     .venv/bin/python benchmarks/retrieval.py [--quick] [--windows N] [--steps S] [--levels 8,32,128] [--users U] [--threads T]
 
-Prints one `key=value` line per case: `case=exact` (faiss over every item), `case=bom` (the budget `bom_index` tunes:
-probe_factor x k candidates, reaching recall 0.95 on 200 other users), `case=bom_10x` (a budget of a tenth of the
-catalogue: the acceptance target), `case=bom_tokens` (the query's stored top-k tokens per level, no probing) and
-`case=bom_sweep` lines over the budget.
+Prints one `key=value` line per case: `case=exact` (faiss over every item), `case=bom` (what `bom_index` tunes:
+adaptive per-query budgets, the priority margin reaching recall 0.95 on 200 other users), `case=bom_10x` (adaptive,
+the margin whose mean budget on those other users is a tenth of the catalogue: the acceptance target),
+`case=bom_10x_fixed` (every query a tenth of the catalogue), `case=bom_10x_list_by_list` (the same with weight_prior 0:
+each primitive's list read whole before the next, the probe before adaptive budgets), `case=bom_tokens` (the query's
+stored top-k tokens per level, no probing) and `case=bom_sweep` lines over fixed budgets.
 qps: single queries one after another on one thread, Python overhead (hits as objects) included, best of 3 passes.
 """
 
@@ -46,7 +48,7 @@ from hir_model.graph.build import build_graph  # noqa: E402
 from hir_model.graph.window import to_us  # noqa: E402
 from hir_model.hierarchy import build_hierarchy, catalog_texts  # noqa: E402
 from hir_model.retrieval import (ITEM_TYPES, IndexConfig, Retriever, bom_tokens, build_postings, calibrate,  # noqa: E402
-                                 recall_at_k, sample_users, write_index)
+                                 margin_curve, recall_at_k, sample_users, write_index)
 from hir_model.train.checkpoint import load_checkpoint, load_trained_model  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
@@ -112,6 +114,20 @@ def build_index(graph, content, catalog, ckpt: Path, end: int, folder: Path, con
     return Retriever.load(folder, emb), users
 
 
+def calibration_users(emb, queries: list[str], config: IndexConfig) -> list[str]:
+    """As `calibrate` picks them: sampled with seed + 1, none of the query users."""
+    pool = set(queries)
+    return [u for u in sample_users(emb, config.calibration_users + len(pool), config.seed + 1) if u not in pool][: config.calibration_users]
+
+
+def margin_for_budget(retriever: Retriever, users: list[str], k: int, mean_budget: float) -> float:
+    """The widest probe margin whose mean candidates per query on `users` stay within mean_budget (adaptive budgets,
+    the index's per-query ceiling)."""
+    margins = np.linspace(0.0, 2.0, 401)
+    _, size = margin_curve(retriever, users, k, retriever.budget(k), margins)
+    return float(margins[max(int(np.searchsorted(size, mean_budget, side="right")) - 1, 0)])
+
+
 def best_qps(retriever: Retriever, users: list[str], k: int, exact: bool = False, repeats: int = 3) -> float:
     """Queries per second, single queries one after another, best of `repeats` passes (the cores are shared)."""
     best = float("inf")
@@ -158,9 +174,15 @@ def main() -> None:
         items = retriever.index.ntotal
         print(f"case=exact index={type(retriever.index).__name__} n={len(users)} items={items} recall_at_100=1.0000 "
               f"candidates_per_query={items} candidate_fraction=1.0000 qps={best_qps(retriever, users, k, exact=True):.0f}", flush=True)
-        print(line("bom", retriever, users, k, probe_factor=retriever.probe_factor), flush=True)
+        print(line("bom", retriever, users, k, probe_margin=retriever.probe_margin, probe_factor=retriever.probe_factor), flush=True)
         tenth = math.floor(100 * items / 10 / k) / 100  # the probe factor that scores at most a tenth of the catalogue
-        print(line("bom_10x", retriever.with_probe_factor(tenth), users, k, probe_factor=tenth), flush=True)
+        margin = margin_for_budget(retriever, calibration_users(retriever.emb, users, config), k, items / 10)
+        print(line("bom_10x", retriever.with_probe_margin(margin, retriever.probe_factor), users, k, probe_margin=margin,
+                   weight_prior=retriever.weight_prior), flush=True)
+        print(line("bom_10x_fixed", retriever.with_probe_factor(tenth), users, k, probe_factor=tenth,
+                   weight_prior=retriever.weight_prior), flush=True)
+        print(line("bom_10x_list_by_list", Retriever.load(Path(tmp), retriever.emb, tenth, weight_prior=0.0), users, k,
+                   probe_factor=tenth, weight_prior=0.0), flush=True)
         print(line("bom_tokens", retriever.with_probe_factor(0), users, k, probe_factor=0), flush=True)
         for factor in (1.0, 2.0, 4.0, 6.0):
             print(line("bom_sweep", retriever.with_probe_factor(factor), users, k, probe_factor=factor), flush=True)

@@ -19,7 +19,8 @@ class BomIndexRun(dg.Config):
     max_posting_share: float = 0.05  # no token's posting list may hold more than this share of the items
     recall_threshold: float = 0.9  # BoM recall@100 vs exact faiss below this blocks publication downstream
     recall_users: int = 200  # users sampled for the recall measurement
-    probe_factor: float = 0.0  # a top-k query scores this x k candidates from its nearest fine primitives' postings (0: tuned)
+    probe_factor: float = 0.0  # a top-k query scores this x k candidates from its nearest fine primitives' postings
+    # (0: tuned per window, adaptive per-query budgets: see hir_model.retrieval.index)
     target_recall: float = 0.95  # the tuned budget's target recall@100 on calibration users (other than the check's)
 
 
@@ -48,14 +49,17 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
              f"{p.truncated} of {p.tokens} lists were cut to their {p.cap} heaviest"),
             (RECALL_CHECK, r.recall >= config.recall_threshold,
              f"recall@{r.k} {r.recall:.3f} (threshold {config.recall_threshold}) over {r.queries} users, "
-             f"{r.candidates_per_query:.0f} of {r.items} items scored per query (probe factor {build.probe_factor:g}"
-             f"{', tuned on other users' if not config.probe_factor else ''})"))]
+             f"{r.candidates_per_query:.0f} of {r.items} items scored per query on average ("
+             + (f"fixed budget, probe factor {build.probe_factor:g}" if build.probe_margin is None else
+                f"adaptive budgets, margin {build.probe_margin:g}, at most {build.probe_factor:g} x k")
+             + f"{', tuned on other users' if not config.probe_factor else ''})"))]
         return dg.MaterializeResult(check_results=checks, metadata={
             "dagster/row_count": build.tokens.num_rows, "entities": build.entities, "items": build.items, "levels": build.levels,
             "tokens": p.tokens, "posting_cap": p.cap, "longest_posting": p.longest, "postings_truncated": p.truncated,
             "recall_at_100": round(r.recall, 4), "recall_queries": r.queries,
             "candidates_per_query": round(r.candidates_per_query, 1), "probe_factor": build.probe_factor,
             "probe_factor_tuned": not config.probe_factor,
+            "probe_margin": dg.MetadataValue.float(build.probe_margin) if build.probe_margin is not None else "fixed budget",
             "candidate_fraction": round(r.candidates_per_query / max(r.items, 1), 4),
             "bom_qps": round(r.bom_qps, 1), "exact_qps": round(r.exact_qps, 1),
             "faiss": "IndexFlatIP (exact)" if build.items <= config.exact_max else "IndexHNSWFlat",

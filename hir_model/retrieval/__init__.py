@@ -3,17 +3,18 @@ a faiss index over product and advertiser embeddings, `Retriever.retrieve` / `.s
 
 Public API: `TOKENS_SCHEMA`, `POSTINGS_SCHEMA`, `bom_tokens`, `build_postings`, `PostingStats`, `posting_cap`,
 `read_postings`, `token_name`; `IndexConfig`, `build_faiss`, `write_index`, `Codebook`, `read_codebooks`, `Retriever`,
-`Hit`, `RecallReport`, `recall_at_k`, `tune_probe_factor`, `calibrate`, `sample_users`; file names `TOKENS_FILE`,
+`Hit`, `RecallReport`, `recall_at_k`, `tune_probe_factor`, `tune_probe_margin`, `margin_curve`, `calibrate`, `sample_users`; file names `TOKENS_FILE`,
 `POSTINGS_FILE`, `ITEMS_FILE`, `FAISS_FILE`, `CODEBOOK_FILE`, `PROBE_FILE`; `ITEM_TYPES`, `DEFAULT_PROBE_FACTOR`.
 """
 
 from hir_model.retrieval.index import (CODEBOOK_FILE, DEFAULT_PROBE_FACTOR, FAISS_FILE, ITEM_TYPES, ITEMS_FILE, PROBE_FILE,
                                        Codebook, Hit, IndexConfig, RecallReport, Retriever, build_faiss, calibrate,
-                                       read_codebooks, recall_at_k, sample_users, tune_probe_factor, write_index)
+                                       margin_curve, read_codebooks, recall_at_k, sample_users, tune_probe_factor,
+                                       tune_probe_margin, write_index)
 from hir_model.retrieval.tokens import (POSTINGS_FILE, POSTINGS_SCHEMA, TOKENS_FILE, TOKENS_SCHEMA, PostingStats, bom_tokens,
                                         build_postings, posting_cap, read_postings, token_name)
 
 __all__ = ["CODEBOOK_FILE", "DEFAULT_PROBE_FACTOR", "FAISS_FILE", "ITEMS_FILE", "ITEM_TYPES", "POSTINGS_FILE", "POSTINGS_SCHEMA",
            "PROBE_FILE", "TOKENS_FILE", "TOKENS_SCHEMA", "Codebook", "Hit", "IndexConfig", "PostingStats", "RecallReport", "Retriever",
-           "bom_tokens", "build_faiss", "build_postings", "calibrate", "posting_cap", "read_codebooks", "read_postings",
-           "recall_at_k", "sample_users", "token_name", "tune_probe_factor", "write_index"]
+           "bom_tokens", "build_faiss", "build_postings", "calibrate", "margin_curve", "posting_cap", "read_codebooks", "read_postings",
+           "recall_at_k", "sample_users", "token_name", "tune_probe_factor", "tune_probe_margin", "write_index"]

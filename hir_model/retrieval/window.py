@@ -30,7 +30,8 @@ class BomBuild:
     levels: int
     entities: int
     missing_per_level: dict[int, int]  # entities with no token at a level (0 everywhere when sound)
-    probe_factor: float  # candidates per query / k (tuned unless the config fixes it)
+    probe_factor: float  # candidates per query / k (adaptive: its ceiling; tuned unless the config fixes it)
+    probe_margin: float | None  # adaptive budgets: a query takes the items within this of its best priority (None: fixed)
 
 
 def build_window_index(store: PartitionStore, key: str, folder: Path, config: IndexConfig = IndexConfig()) -> BomBuild:
@@ -45,11 +46,12 @@ def build_window_index(store: PartitionStore, key: str, folder: Path, config: In
     n_items = write_index(folder, emb, tokens, postings, config, primitives)
     users = sample_users(emb, config.recall_users, config.seed)
     factor = calibrate(folder, emb, users, config)  # on other users than the check's
-    recall = recall_at_k(Retriever.load(folder, emb), users, config.recall_k)
+    retriever = Retriever.load(folder, emb)
+    recall = recall_at_k(retriever, users, config.recall_k)
     levels = sorted(set(tokens["level"].to_pylist()))
     ids = set(emb.entity_id)
     missing = {lv: len(ids - set(tokens.filter(pc.equal(tokens["level"], lv))["entity_id"].to_pylist())) for lv in levels}
-    return BomBuild(tokens, stats, recall, n_items, len(levels), len(emb), missing, factor)
+    return BomBuild(tokens, stats, recall, n_items, len(levels), len(emb), missing, factor, retriever.probe_margin)
 
 
 @dataclass(frozen=True)

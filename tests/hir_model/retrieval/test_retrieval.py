@@ -87,9 +87,78 @@ def test_probing_takes_the_nearest_fine_primitives_up_to_the_budget(tmp_path):
     assert tune_probe_factor(r, ["u"], 4, 1.0, 10) == 1.25  # b1 is 5th: 5 candidates for all four
     assert tune_probe_factor(r, ["u"], 4, 0.75, 10) == 0.75  # three of four within the first 3
     assert tune_probe_factor(r, ["u"], 4, 1.0, 4) == 1.0  # capped
-    assert calibrate(tmp_path, r.emb, [], IndexConfig(recall_k=4, target_recall=1.0, max_candidate_share=1.0)) == 1.25
-    assert Retriever.load(tmp_path, r.emb).probe_factor == 1.25  # probe.json
+    fixed = IndexConfig(recall_k=4, target_recall=1.0, max_candidate_share=1.0, adaptive=False, weight_prior=0.0)
+    assert calibrate(tmp_path, r.emb, [], fixed) == 1.25
+    loaded = Retriever.load(tmp_path, r.emb)  # probe.json
+    assert loaded.probe_factor == 1.25 and loaded.probe_margin is None
     assert calibrate(tmp_path, r.emb, ["u"], IndexConfig(recall_k=4)) == 3.0  # no calibration user left: the default
+
+
+def test_adaptive_budgets_take_what_lies_within_the_margin(tmp_path):
+    """Per-query budgets: the items whose priority is within the margin of the query's best, k at least, the probe
+    factor x k at most; the margin is tuned to the smallest that reaches the target and stored in probe.json."""
+    vectors = {"u": [1, 0.1], "v": [0.75, 0.65], "a1": [1, 0], "a2": [1, 0.2], "b1": [0.7, 0.7], "b2": [0.8, 0.6],
+               "b3": [0.6, 0.8], "c1": [-1, 0]}
+    types = {e: "user" if e in ("u", "v") else "product" for e in vectors}
+    rows = [("u", 1, 0, 1, 1.0), ("v", 1, 0, 2, 1.0), ("a1", 1, 0, 1, 1.0), ("a2", 1, 0, 1, 0.9), ("b1", 1, 0, 2, 0.5),
+            ("b2", 1, 0, 2, 0.9), ("b3", 1, 0, 2, 0.7), ("c1", 1, 0, 3, 1.0)]
+    centroids = {(1, 1): [1, 0.1], (1, 2): [0.7, 0.7], (1, 3): [-1, 0]}
+    r = crafted_retriever(tmp_path, vectors, types, rows, {k: list(np.array(c) / np.linalg.norm(c)) for k, c in centroids.items()})
+    r = r.with_probe_margin(0.05, 3.0)  # weight prior 0: a list's entries share its centroid's similarity
+    got = lambda q, k: sorted(r.item_ids[r.candidates(q, k)].tolist())  # noqa: E731
+    assert got("u", 1) == ["a1", "a2"]  # L1:1 (cos 1) alone: L1:2 (cos 0.77) is outside the margin
+    assert got("v", 1) == ["b1", "b2", "b3"]  # v's nearest list holds three
+    assert got("u", 3) == ["a1", "a2", "b2"]  # the floor k = 3 reaches into the next list, heaviest first
+    assert len(r.with_probe_margin(0.5, 3.0).candidates("u", 1)) == 3  # wide margin: capped at 3 x k
+    assert len(r.with_probe_margin(0.5, 3.0).candidates("u", 2)) == 5  # 6 allowed, the margin (cos > 0.5) stops at 5
+    # calibration on u and v: recall@2 = 1 needs u's a1 a2 and v's b1 b2; margin 0 already takes each user's whole
+    # nearest list (equal priorities), so the tuned margin is the smallest, and probe.json carries it
+    cfg = IndexConfig(recall_k=2, target_recall=1.0, max_candidate_share=1.0, weight_prior=0.0)
+    assert calibrate(tmp_path, r.emb, [], cfg) == pytest.approx(6 / 2)
+    loaded = Retriever.load(tmp_path, r.emb)
+    assert loaded.probe_margin == 0.0 and loaded.probe_factor == pytest.approx(3.0)
+    assert len(loaded.candidates("u", 2)) == 2 and len(loaded.with_probe_factor(2.0).candidates("u", 2)) == 4
+
+
+def test_weight_prior_lets_a_firmly_held_item_of_the_next_primitive_go_first(tmp_path):
+    """a1 is held loosely (0.05) by the nearest primitive L1:1, b2 firmly (0.9) by the next, L1:2: with weight_prior 0
+    probing reads L1:1 whole first; with a prior, b2 (cos 0.77 + 0.1 x log 0.9) passes a1 (cos 0.995 + 0.1 x log 0.05)."""
+    vectors = {"u": [1, 0.1], "a1": [1, 0], "a2": [1, 0.2], "b1": [0.7, 0.7], "b2": [0.8, 0.6], "c1": [-1, 0]}
+    types = {e: "user" if e == "u" else "product" for e in vectors}
+    rows = [("u", 1, 0, 1, 1.0), ("a1", 1, 0, 1, 0.05), ("a2", 1, 0, 1, 0.9), ("b1", 1, 0, 2, 0.5), ("b2", 1, 0, 2, 0.9),
+            ("c1", 1, 0, 3, 1.0)]
+    centroids = {(1, 1): [1, 0.1], (1, 2): [0.7, 0.7], (1, 3): [-1, 0]}
+    r = crafted_retriever(tmp_path, vectors, types, rows, {k: list(np.array(c) / np.linalg.norm(c)) for k, c in centroids.items()})
+    order = lambda prior: r.item_ids[Retriever.load(tmp_path, r.emb, weight_prior=prior).probe_order("u", 5)].tolist()  # noqa: E731
+    assert order(0.0) == ["a2", "a1", "b2", "b1", "c1"]
+    assert order(0.1) == ["a2", "b2", "b1", "a1", "c1"]
+
+
+def test_probing_reads_only_the_lists_it_needs_and_matches_a_full_scan(tmp_path):
+    """Random postings over 40 primitives: the first `limit` rows of the probe order equal the top `limit` of a scan of
+    every posting of the level by priority (best per item), for several limits and priors."""
+    rng = np.random.default_rng(3)
+    n, k, dim = 300, 40, 8
+    vectors = {f"i{j}": list(rng.normal(size=dim)) for j in range(n)} | {"u": list(rng.normal(size=dim))}
+    types = {e: "user" if e == "u" else "product" for e in vectors}
+    rows = [("u", 1, 0, 0, 1.0)]
+    for j in range(n):
+        prims = rng.choice(k, 3, replace=False)
+        w = rng.dirichlet(np.ones(3))
+        rows += [(f"i{j}", 1, rank, int(p), float(x)) for rank, (p, x) in enumerate(zip(prims, w))]
+    cents = rng.normal(size=(k, dim))
+    r = crafted_retriever(tmp_path, vectors, types, rows, {(1, p): list(c / np.linalg.norm(c)) for p, c in enumerate(cents)})
+    book = r.codebooks[0]
+    sims = book.centroids @ r.vector("u")
+    for prior in (0.0, 0.05, 0.3):
+        best = np.full(n, -np.inf)
+        for p, tok in enumerate(book.tokens):
+            items, weights = r.postings.get(tok, (np.zeros(0, np.int64), np.zeros(0)))
+            best[items] = np.maximum(best[items], sims[p] + prior * np.log(weights))
+        for limit in (10, 60, 250):
+            got = Retriever.load(tmp_path, r.emb, weight_prior=prior).probe_order("u", limit)
+            assert len(got) == limit and len(set(got.tolist())) == limit
+            assert np.allclose(np.sort(best[got])[::-1], np.sort(best)[::-1][:limit])
 
 
 def test_token_and_posting_invariants(tmp_path):
