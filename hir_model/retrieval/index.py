@@ -166,9 +166,9 @@ class Retriever:
         items = pq.read_table(folder / f"{ITEMS_FILE}.parquet")
         codebook, probe = folder / f"{CODEBOOK_FILE}.parquet", folder / PROBE_FILE
         stored = json.loads(probe.read_text()) if probe.is_file() else {}
+        margin = stored.get("probe_margin") if probe_factor is None else None  # an explicit factor: fixed budgets
         probe_factor = stored.get("probe_factor", DEFAULT_PROBE_FACTOR) if probe_factor is None else probe_factor
         weight_prior = stored.get("weight_prior", 0.0) if weight_prior is None else weight_prior
-        margin = stored.get("probe_margin") if probe_factor == stored.get("probe_factor", DEFAULT_PROBE_FACTOR) else None
         return cls(faiss.read_index(str(folder / FAISS_FILE)), np.asarray(items["entity_id"].to_pylist(), object),
                    np.asarray(items["entity_type"].to_pylist(), object), pq.read_table(folder / f"{TOKENS_FILE}.parquet"),
                    pq.read_table(folder / f"{POSTINGS_FILE}.parquet"), emb,

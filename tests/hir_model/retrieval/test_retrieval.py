@@ -118,6 +118,7 @@ def test_adaptive_budgets_take_what_lies_within_the_margin(tmp_path):
     loaded = Retriever.load(tmp_path, r.emb)
     assert loaded.probe_margin == 0.0 and loaded.probe_factor == pytest.approx(3.0)
     assert len(loaded.candidates("u", 2)) == 2 and len(loaded.with_probe_factor(2.0).candidates("u", 2)) == 4
+    assert Retriever.load(tmp_path, r.emb, probe_factor=3.0).probe_margin is None  # an explicit factor: fixed budgets
 
 
 def test_weight_prior_lets_a_firmly_held_item_of_the_next_primitive_go_first(tmp_path):
