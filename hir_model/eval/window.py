@@ -80,7 +80,7 @@ def make_methods(names: tuple[str, ...], config: BaselinesConfig, hir: HIR | Non
 
 
 def _bom_agreement(store, key: str, users: np.ndarray, k: int) -> dict | None:
-    from hir_model.retrieval.index import recall_at_k
+    from hir_model.retrieval.calibrate import recall_at_k
     from hir_model.retrieval.window import load_window_index
 
     if not store.exists(BOM_ASSET, key):

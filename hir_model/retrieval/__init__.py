@@ -3,14 +3,15 @@ a faiss index over product and advertiser embeddings, `Retriever.retrieve` / `.s
 
 Public API: `TOKENS_SCHEMA`, `POSTINGS_SCHEMA`, `bom_tokens`, `build_postings`, `PostingStats`, `posting_cap`,
 `read_postings`, `token_name`; `IndexConfig`, `build_faiss`, `write_index`, `Codebook`, `read_codebooks`, `Retriever`,
-`Hit`, `RecallReport`, `recall_at_k`, `tune_probe_factor`, `tune_probe_margin`, `margin_curve`, `calibrate`, `sample_users`; file names `TOKENS_FILE`,
-`POSTINGS_FILE`, `ITEMS_FILE`, `FAISS_FILE`, `CODEBOOK_FILE`, `PROBE_FILE`; `ITEM_TYPES`, `DEFAULT_PROBE_FACTOR`.
+`Hit`, `RecallReport`; `recall_at_k`, `tune_probe_factor`, `tune_probe_margin`, `margin_curve`, `calibrate`,
+`sample_users` (module `calibrate`); file names `TOKENS_FILE`, `POSTINGS_FILE`, `ITEMS_FILE`, `FAISS_FILE`, `CODEBOOK_FILE`, `PROBE_FILE`; `ITEM_TYPES`, `DEFAULT_PROBE_FACTOR`.
 """
 
+from hir_model.retrieval.calibrate import (calibrate, margin_curve, recall_at_k, sample_users, tune_probe_factor,
+                                           tune_probe_margin)
 from hir_model.retrieval.index import (CODEBOOK_FILE, DEFAULT_PROBE_FACTOR, FAISS_FILE, ITEM_TYPES, ITEMS_FILE, PROBE_FILE,
-                                       Codebook, Hit, IndexConfig, RecallReport, Retriever, build_faiss, calibrate,
-                                       margin_curve, read_codebooks, recall_at_k, sample_users, tune_probe_factor,
-                                       tune_probe_margin, write_index)
+                                       Codebook, Hit, IndexConfig, RecallReport, Retriever, build_faiss, read_codebooks,
+                                       write_index)
 from hir_model.retrieval.tokens import (POSTINGS_FILE, POSTINGS_SCHEMA, TOKENS_FILE, TOKENS_SCHEMA, PostingStats, bom_tokens,
                                         build_postings, posting_cap, read_postings, token_name)
 

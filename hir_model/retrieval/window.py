@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 from hir_model.embed import EntityEmbeddings
 from hir_model.hierarchy.build import ASSIGNMENTS_FILE, PRIMITIVES_FILE
 from hir_model.hierarchy.window import HIERARCHY_ASSET, load_embeddings
-from hir_model.retrieval.index import (ITEM_TYPES, IndexConfig, RecallReport, Retriever, calibrate, recall_at_k, sample_users,
-                                       write_index)
+from hir_model.retrieval.calibrate import calibrate, recall_at_k, sample_users
+from hir_model.retrieval.index import ITEM_TYPES, IndexConfig, RecallReport, Retriever, write_index
 from hir_model.retrieval.tokens import PostingStats, bom_tokens, build_postings
 from hir_model.storage import PartitionStore
 
