@@ -48,7 +48,7 @@ from hir_model.graph.build import build_graph  # noqa: E402
 from hir_model.graph.window import to_us  # noqa: E402
 from hir_model.hierarchy import build_hierarchy, catalog_texts  # noqa: E402
 from hir_model.retrieval import (ITEM_TYPES, IndexConfig, Retriever, bom_tokens, build_postings, calibrate,  # noqa: E402
-                                 margin_curve, recall_at_k, sample_users, write_index)
+                                 budget_curves, calibration_users, recall_at_k, sample_users, write_index)
 from hir_model.train.checkpoint import load_checkpoint, load_trained_model  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
@@ -114,20 +114,6 @@ def build_index(graph, content, catalog, ckpt: Path, end: int, folder: Path, con
     return Retriever.load(folder, emb), users
 
 
-def calibration_users(emb, queries: list[str], config: IndexConfig) -> list[str]:
-    """As `calibrate` picks them: sampled with seed + 1, none of the query users."""
-    pool = set(queries)
-    return [u for u in sample_users(emb, config.calibration_users + len(pool), config.seed + 1) if u not in pool][: config.calibration_users]
-
-
-def margin_for_budget(retriever: Retriever, users: list[str], k: int, mean_budget: float) -> float:
-    """The widest probe margin whose mean candidates per query on `users` stay within mean_budget (adaptive budgets,
-    the index's per-query ceiling)."""
-    margins = np.linspace(0.0, 2.0, 401)
-    _, size = margin_curve(retriever, users, k, retriever.budget(k), margins)
-    return float(margins[max(int(np.searchsorted(size, mean_budget, side="right")) - 1, 0)])
-
-
 def best_qps(retriever: Retriever, users: list[str], k: int, exact: bool = False, repeats: int = 3) -> float:
     """Queries per second, single queries one after another, best of `repeats` passes (the cores are shared)."""
     best = float("inf")
@@ -176,7 +162,8 @@ def main() -> None:
               f"candidates_per_query={items} candidate_fraction=1.0000 qps={best_qps(retriever, users, k, exact=True):.0f}", flush=True)
         print(line("bom", retriever, users, k, probe_margin=retriever.probe_margin, probe_factor=retriever.probe_factor), flush=True)
         tenth = math.floor(100 * items / 10 / k) / 100  # the probe factor that scores at most a tenth of the catalogue
-        margin = margin_for_budget(retriever, calibration_users(retriever.emb, users, config), k, items / 10)
+        calibration = calibration_users(retriever.emb, users, config)  # the asset's calibration users
+        margin = budget_curves(retriever, calibration, k, retriever.budget(k)).margin_within(items / 10)
         print(line("bom_10x", retriever.with_probe_margin(margin, retriever.probe_factor), users, k, probe_margin=margin,
                    weight_prior=retriever.weight_prior), flush=True)
         print(line("bom_10x_fixed", retriever.with_probe_factor(tenth), users, k, probe_factor=tenth,

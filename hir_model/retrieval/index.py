@@ -211,18 +211,19 @@ class Retriever:
         """(rows int64 [n], priorities float64 [n], descending) of probe_order; rows reached through a coarser level
         (the finest exhausted) have priority -inf."""
         q = self.vector(entity)  # (W,)
-        want = limit if margin is None else min(floor, limit)
-        rows, prio = np.zeros(0, np.int64), np.zeros(0)
-        for depth, book in enumerate(self.codebooks):  # finest first
-            if depth == 0:
-                rows, prio = self._merged_probe(book, book.centroids @ q, limit, margin, floor)
-                if len(rows) >= want:
-                    return rows, prio
-                taken = np.zeros(len(self.item_ids), bool)
-                taken[rows] = True
-                out, count = [rows], len(rows)
-                continue
-            for p in np.argsort(-(book.centroids @ q), kind="stable"):  # nearest primitive first, each list heaviest first
+        if not self.codebooks:
+            return np.zeros(0, np.int64), np.zeros(0)
+        rows, prio = self._merged_probe(self.codebooks[0], self.codebooks[0].centroids @ q, limit, margin, floor)
+        want = limit if margin is None else min(floor, limit)  # adaptive: coarser levels only to reach the floor
+        if len(rows) >= want or len(self.codebooks) == 1:
+            return rows, prio
+        taken = np.zeros(len(self.item_ids), bool)
+        taken[rows] = True
+        out, count = [rows], len(rows)
+        for book in self.codebooks[1:]:  # the finest exhausted: nearest primitive first, each list heaviest first
+            for p in np.argsort(-(book.centroids @ q), kind="stable"):
+                if count >= want:
+                    break
                 got = self.postings.get(book.tokens[p], (None,))[0]  # (n,) heaviest first
                 if got is None:
                     continue
@@ -230,14 +231,8 @@ class Retriever:
                 taken[new] = True
                 out.append(new)
                 count += len(new)
-                if count >= want:
-                    break
-            if count >= want:
-                break
-        if len(self.codebooks) > 1:
-            rows = np.concatenate(out)
-            prio = np.concatenate([prio, np.full(len(rows) - len(prio), -np.inf)])
-        return rows, prio
+        rows = np.concatenate(out)
+        return rows, np.concatenate([prio, np.full(len(rows) - len(prio), -np.inf)])
 
     def _merged_probe(self, book: Codebook, sims: np.ndarray, limit: int, margin: float | None,
                       floor: int) -> tuple[np.ndarray, np.ndarray]:
