@@ -20,7 +20,7 @@ class BomIndexRun(dg.Config):
     recall_threshold: float = 0.9  # BoM recall@100 vs exact faiss below this blocks publication downstream
     recall_users: int = 200  # users sampled for the recall measurement
     probe_factor: float = 0.0  # a top-k query scores this x k candidates from its nearest fine primitives' postings
-    # (0: tuned per window, adaptive per-query budgets: see hir_model.retrieval.index)
+    # (0: tuned per window, fixed or adaptive per-query budgets, whichever needs fewer: see hir_model.retrieval.index)
     target_recall: float = 0.95  # the tuned budget's target recall@100 on calibration users (other than the check's)
 
 
