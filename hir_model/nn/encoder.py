@@ -80,11 +80,14 @@ class Encoder(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.width)
         self.last_choice = None  # the backend choice of the latest forward (hir_model.nn.backends.Choice)
         self.workspace = BiasWorkspace()  # the dense bias buffer reused across no-grad batches (not state)
-        # subtracted from the readout before the unit norm. A fresh encoder maps every node near one direction (shared
-        # type vectors, the MLPs' GELU offsets, anonymous KG neighbours: MovieLens readouts had mean cosine 0.95), so
-        # no prototype could tell nodes apart; training sets it once, from the data, on a fresh start (a data-dependent
-        # initialisation), and it travels with the weights.
-        self.register_buffer("out_mean", torch.zeros(cfg.width))
+        # (node types, W): the mean readout of each seed type, subtracted before the unit norm. A fresh encoder maps
+        # every node near one direction (shared type vectors, the MLPs' GELU offsets, anonymous KG neighbours: MovieLens
+        # readouts had mean cosine 0.95), so no prototype could tell nodes apart; training sets it from the data on a
+        # fresh start (a data-dependent initialisation) and keeps it current; it travels with the weights. Per type,
+        # not one shared mean: with one, users and products kept apart along a type direction, and the balanced
+        # coarse level could split by type instead of by interest (synthetic seed 3: users on 2 of the 4 coarse
+        # prototypes, every product on the other 2, coarse NMI 0.18).
+        self.register_buffer("out_mean", torch.zeros(cfg.node_types, cfg.width))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -121,7 +124,13 @@ class Encoder(nn.Module):
         x = self.embed(batch)  # (B, N, W)
         for block in self.blocks:
             x = block(x, global_tokens, attend)
-        return self.ln_f(x[:, 0]) - self.out_mean  # the seed token (position 0), before the unit norm
+        return self.ln_f(x[:, 0]) - self.out_mean[batch.node_type[:, 0]]  # the seed token (position 0), before the unit norm
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "out_mean"  # checkpoints from before the per-type centre hold one (W,) mean for every type
+        if key in state_dict and state_dict[key].dim() == 1:
+            state_dict[key] = state_dict[key].expand_as(self.out_mean).clone()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         c = self.cfg

@@ -144,18 +144,28 @@ def _load_into(payload: dict, student: HIRModel, teacher: HIRModel, loss_fn: Dis
 
 
 @torch.no_grad()
-def recentre(student: HIRModel, teacher: HIRModel, batch_mean: Tensor, momentum: float) -> None:
-    """Keep the readout centred while training: out_mean absorbs (1 - momentum) of the teacher's mean readout over
-    the global batch each step. Set once at the start, it drifted: by MovieLens window 4 the common direction was back
-    and every node chose one coarse prototype (usage entropy 0.0)."""
+def recentre(student: HIRModel, teacher: HIRModel, centre: Tensor, momentum: float) -> None:
+    """Keep the readout centred per seed type while training: `centre` (types, W + 1) holds the teacher's readout sums
+    and counts per seed type over the global batch, and each type's out_mean absorbs (1 - momentum) of its mean (types
+    absent from the batch keep theirs). Set once at the start, the centre drifted: by MovieLens window 4 the common
+    direction was back and every node chose one coarse prototype (usage entropy 0.0)."""
+    count = centre[:, -1:]
+    step = torch.where(count > 0, centre[:, :-1] / count.clamp_min(1), torch.zeros_like(centre[:, :-1]))
     for m in (student, teacher):
-        m.encoder.out_mean.add_(batch_mean.to(m.encoder.out_mean.device), alpha=1 - momentum)
+        m.encoder.out_mean.add_(step.to(m.encoder.out_mean.device), alpha=1 - momentum)
+
+
+def add_to_centre(centre: Tensor, readouts: Tensor, seed_types: Tensor) -> None:
+    """Accumulate (types, W + 1) readout sums and counts per seed type."""
+    centre[:, :-1].index_add_(0, seed_types, readouts)
+    centre[:, -1].index_add_(0, seed_types, torch.ones_like(seed_types, dtype=centre.dtype))
 
 
 @torch.no_grad()
 def centre_inputs_and_readout(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: TrainConfig) -> None:
     """Data-dependent initialisation of a fresh model: the mean content vector is subtracted before the content
-    projection, and the mean readout of a sample of active nodes before the unit norm (see the buffers' comments)."""
+    projection, and each seed type's mean readout over a sample of active nodes before the unit norm (see the
+    buffers' comments)."""
     for m in (student, teacher):
         if data.content is not None and data.has_content.any():
             m.encoder.embed.content_mean.copy_(torch.from_numpy(data.content[data.has_content].mean(0)))
@@ -163,8 +173,9 @@ def centre_inputs_and_readout(student: HIRModel, teacher: HIRModel, data: TrainD
     if not len(nodes):
         return
     h = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 4, readout=True)  # (M, W)
-    for m in (student, teacher):
-        m.encoder.out_mean.add_(h.mean(0).to(m.encoder.out_mean.device))
+    centre = torch.zeros(teacher.encoder.out_mean.shape[0], h.shape[1] + 1)
+    add_to_centre(centre, h, torch.from_numpy(data.graph.nodes.node_type[nodes].astype(np.int64)))
+    recentre(student, teacher, centre, 0.0)
 
 
 def spherical_kmeans(x: Tensor, k: int, iters: int, gen: torch.Generator) -> Tensor:
@@ -221,10 +232,11 @@ def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss
     """float64 [4]: (total, distill, consistency, engagement) of one step's shards (this rank's), mean over shards;
     with `backward`, the gradients of that mean are accumulated into the student."""
     with torch.no_grad():  # the teacher's targets are balanced over the global batch: all shards (ranks) at once
-        readouts = [teacher.encoder.readout(collate(sb.broad).to(device), teacher.global_tokens()) for sb in batches]  # (b, W) each
+        broad = [collate(sb.broad).to(device) for sb in batches]
+        readouts = [teacher.encoder.readout(b, teacher.global_tokens()) for b in broad]  # (b, W) each
         t_all = [[z @ p.T for p in teacher.normalised_prototypes()] for z in (F.normalize(h, dim=-1) for h in readouts)]
-        if centre is not None:  # the teacher's readouts, summed over this rank's shards (the caller all-reduces)
-            centre.add_(torch.cat(readouts).sum(0))
+        if centre is not None:  # the teacher's readouts per seed type, summed over this rank's shards (the caller all-reduces)
+            add_to_centre(centre, torch.cat(readouts), torch.cat([b.node_type[:, 0] for b in broad]))
         targets = loss_fn.targets([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.levels))])
     acc = np.zeros(4)
     for i, sb in enumerate(batches):
@@ -299,7 +311,7 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
         for g in opt.param_groups:
             g["lr"] = float(lrs[s])
         opt.zero_grad(set_to_none=True)
-        centre = torch.zeros(student.encoder.cfg.width, device=device)
+        centre = torch.zeros(*student.encoder.out_mean.shape[:1], student.encoder.cfg.width + 1, device=device)
         acc = step_loss(model, student, teacher, loss_fn, [step_batch(data, cfg, base_step + s, sh) for sh in shards], cfg, device,
                         centre=centre)
         total = _all_reduce_mean(float(acc[0]), device)
@@ -309,7 +321,7 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
         torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
         opt.step()
         ema_update(teacher, student, float(moms[s]))
-        recentre(student, teacher, all_reduce_sum(centre) / cfg.batch_size, cfg.centre_momentum)
+        recentre(student, teacher, all_reduce_sum(centre), cfg.centre_momentum)
         losses.append(total)
         for k, v in zip(parts, acc[1:]):
             parts[k].append(_all_reduce_mean(float(v), device))

@@ -162,3 +162,33 @@ def test_a_warm_start_moves_prototypes_to_the_centroids_of_the_teachers_embeddin
     seed_prototypes(student, teacher, data, tiny_config(refine_iters=0), fresh=False)  # off: nothing moves
     for p, q in zip(teacher.prototypes, kept):
         torch.testing.assert_close(p, q)
+
+
+def test_a_fresh_readout_is_centred_per_node_type():
+    """Each seed type's mean readout is subtracted (one shared mean let the coarse level split users from products)."""
+    from hir_model.train.trainer import PROBE_SEED, centre_inputs_and_readout, sample_active
+    data, _ = tiny_data()
+    cfg = tiny_config()
+    student = HIRModel(cfg)
+    teacher = make_teacher(student)
+    nodes = sample_active(data, cfg, PROBE_SEED + 4, cfg.metric_nodes)
+    types = data.graph.nodes.node_type[nodes]
+    assert len(np.unique(types)) >= 2
+    raw = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 4, readout=True)
+    assert max(float(raw[types == t].mean(0).norm()) for t in np.unique(types)) > 0.1
+    centre_inputs_and_readout(student, teacher, data, cfg)
+    h = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 4, readout=True)
+    for t in np.unique(types):
+        assert float(h[types == t].mean(0).norm()) < 1e-4 * float(h[types == t].norm(dim=1).mean()), NODE_TYPES[t]
+    torch.testing.assert_close(student.encoder.out_mean, teacher.encoder.out_mean)
+
+
+def test_an_encoder_saved_with_one_shared_readout_mean_still_loads():
+    cfg = tiny_config()
+    encoder = HIRModel(cfg).encoder
+    state = encoder.state_dict()
+    shared = torch.randn(encoder.cfg.width)
+    state["out_mean"] = shared  # the format before the per-type centre
+    encoder.load_state_dict(state)
+    torch.testing.assert_close(encoder.out_mean, shared.expand(len(NODE_TYPES), -1))
+
