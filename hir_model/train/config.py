@@ -86,6 +86,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:  # e.g. a checkpoint written by a newer hir: silently dropping a setting would misread it
+            raise ValueError(f"training config has fields this version of hir does not know: {unknown}; "
+                             "load it with the version that wrote it, or retrain")
         d = dict(d)
         d["levels"] = tuple(d["levels"])
         for view in ("narrow", "broad"):

@@ -81,3 +81,11 @@ def test_benchmark_overrides_parse_json_values_and_name_bad_ones():
         parse_overrides(["steps"])
     with pytest.raises(ValueError, match="not JSON"):
         parse_overrides(["backend=dense"])
+
+
+def test_a_config_with_fields_from_a_newer_version_is_refused_by_name():
+    d = TrainConfig().to_dict()
+    assert TrainConfig.from_dict(d) == TrainConfig()
+    d["future_knob"] = 1
+    with pytest.raises(ValueError, match=r"does not know: \['future_knob'\]"):
+        TrainConfig.from_dict(d)
