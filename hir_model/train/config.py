@@ -49,6 +49,8 @@ class TrainConfig:
     distill_weight: float = 1.0  # weight of the cross-view distillation term
     engagement_weight: float = 1.0  # weight of the contrastive user-entity term
     engagement_temp: float = 0.1  # InfoNCE temperature on cosine similarities
+    swap_weight: float = 0.0  # swapped prediction over engagement pairs: the student's user predicts the teacher's code of
+    # the entity it engaged with, and the entity its user's (SwAV's swap, the pair as two views of one interest)
     global_tokens: bool = True  # feed the coarse levels' prototypes (all but the finest) to the encoder as global tokens
     shards: int = 1  # micro-batches per step: the loss is the mean over shards (DDP: one shard per rank)
     checkpoint_every: int = 10  # write a resumable checkpoint every this many steps (0: only at the end)

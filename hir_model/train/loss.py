@@ -64,6 +64,18 @@ class DistillationLoss(nn.Module):
         terms = [-(t * F.log_softmax(s / self.cfg.student_temp, dim=-1)).sum(-1).mean() for s, t in zip(student_scores, targets)]
         return torch.stack(terms).mean()
 
+    def swap(self, student_scores: list[Tensor], targets: list[Tensor], pairs: int, sign: Tensor) -> Tensor:
+        """Swapped prediction over the batch's positive engagement pairs (rows [0, P) users, [P, 2P) their entities):
+        each side's student scores predict the other side's balanced teacher target, at every level."""
+        pos = torch.nonzero(sign > 0).squeeze(1)
+        if not pairs or not len(pos):
+            return student_scores[0].new_zeros(())
+        u, e = pos, pos + pairs
+        terms = [-(t[e] * F.log_softmax(s[u] / self.cfg.student_temp, dim=-1)).sum(-1).mean()
+                 - (t[u] * F.log_softmax(s[e] / self.cfg.student_temp, dim=-1)).sum(-1).mean()
+                 for s, t in zip(student_scores, targets)]
+        return torch.stack(terms).mean() / 2
+
     def consistency(self, student_scores: list[Tensor], prototypes: list[Tensor]) -> Tensor:
         """Each level's p(coarse) must agree with p(fine) aggregated through the derived parent assignment."""
         if len(student_scores) < 2:

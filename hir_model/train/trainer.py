@@ -243,11 +243,14 @@ def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss
         b = len(sb.narrow.seeds)
         with torch.set_grad_enabled(backward):
             z, s_scores = model(collate(sb.narrow).to(device))  # (b, W), per level (b, K_l)
-            distill = loss_fn.distill(s_scores, [t[i * b:(i + 1) * b] for t in targets])
+            mine = [t[i * b:(i + 1) * b] for t in targets]
+            distill = loss_fn.distill(s_scores, mine)
             cons = loss_fn.consistency(s_scores, list(student.prototypes))
-            p = sb.pairs
-            eng = engagement_loss(z[:p], z[p:2 * p], torch.from_numpy(sb.sign).to(device), cfg.engagement_temp) if p else z.new_zeros(())
+            p, sign = sb.pairs, torch.from_numpy(sb.sign).to(device)
+            eng = engagement_loss(z[:p], z[p:2 * p], sign, cfg.engagement_temp) if p else z.new_zeros(())
             loss = cfg.distill_weight * distill + cfg.consistency_weight * cons + cfg.engagement_weight * eng
+            if cfg.swap_weight:
+                loss = loss + cfg.swap_weight * loss_fn.swap(s_scores, mine, p, sign)
         if backward:
             (loss / len(batches)).backward()
         acc += np.array([loss.item(), distill.item(), cons.item(), eng.item()]) / len(batches)

@@ -53,6 +53,18 @@ def test_consistency_rewards_a_fine_assignment_inside_its_parent():
     assert loss.consistency(agree, [coarse, fine]) < loss.consistency(disagree, [coarse, fine])
 
 
+def test_swap_asks_each_side_of_a_positive_pair_for_the_others_code():
+    loss = DistillationLoss(CFG)
+    # rows 0, 1: users; rows 2, 3: the entities they engaged with (pairs (0, 2) and (1, 3)); one level of 2 prototypes
+    target = [F.one_hot(torch.tensor([0, 1, 1, 0]), 2).float()]  # each user's code differs from its entity's
+    swapped = [torch.tensor([[-1.0, 1.0], [1.0, -1.0], [1.0, -1.0], [-1.0, 1.0]])]  # each row predicts its partner's code
+    own = [-swapped[0]]  # each row predicts its own code
+    sign = torch.tensor([1, 1])
+    assert loss.swap(swapped, target, 2, sign) < 0.01 < loss.swap(own, target, 2, sign)
+    assert loss.swap(own, target, 2, torch.tensor([-1, -1])) == 0  # explicit negatives are no pair of one interest
+    assert loss.swap(own, target, 0, sign[:0]) == 0
+
+
 def test_engagement_pulls_pairs_and_pushes_explicit_negatives():
     u = F.normalize(torch.eye(3), dim=-1)
     matched, shuffled = engagement_loss(u, u, torch.ones(3), 0.1), engagement_loss(u, u.roll(1, 0), torch.ones(3), 0.1)

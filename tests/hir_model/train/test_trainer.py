@@ -192,3 +192,9 @@ def test_an_encoder_saved_with_one_shared_readout_mean_still_loads():
     encoder.load_state_dict(state)
     torch.testing.assert_close(encoder.out_mean, shared.expand(len(NODE_TYPES), -1))
 
+
+
+def test_the_swap_term_trains_when_weighted():
+    data, _ = tiny_data()
+    off, on = (train_window(data, tiny_config(steps=3, swap_weight=w)) for w in (0.0, 1.0))
+    assert np.isfinite(on.losses).all() and on.weights_digest != off.weights_digest
