@@ -1,5 +1,5 @@
-"""Multi-level cross-view self-distillation (SwAV-style balanced targets), fine -> coarse consistency, and the
-engagement objective.
+"""Multi-level cross-view self-distillation (SwAV-style balanced targets), fine -> coarse consistency, the
+engagement objective, and (optional) swapped prediction across engagement pairs.
 
 Sinkhorn-Knopp balancing (SwAV), not centring + sharpening (DINO). DINO was the first choice (one running centre,
 per-sample targets) and it collapsed here: a window trains for tens of steps, and the EMA centre needs hundreds to
