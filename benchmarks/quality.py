@@ -98,18 +98,6 @@ def hir_train_config(overrides: list[str] = ()):
     return with_overrides(cfg, parse_overrides(list(overrides)))
 
 
-def content_stand_in(catalog: pa.Table) -> pa.Table:
-    """A `content_embeddings` table (entity_id, embedding; null without text) from the hashed TF-IDF stand-in of the
-    window's catalogue text (IDF over that catalogue: nothing after the window end)."""
-    from hir_model.eval.text_vectors import entity_text, text_vectors
-
-    texts = [entity_text(t, d, c) for t, d, c in zip(*(catalog.column(k).to_pylist() for k in ("title", "description", "category")))]
-    mat, has = text_vectors(texts, np.array([t is not None for t in texts], bool))  # (M, C), (M,)
-    flat = pa.array(np.where(has[:, None], mat, 0).astype(np.float32).reshape(-1))
-    return pa.table({"entity_id": catalog.column("entity_id"),
-                     "embedding": pa.FixedSizeListArray.from_arrays(flat, mat.shape[1], mask=pa.array(~has))})
-
-
 def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, scratch: Path) -> dict:
     """Publish HIR's artefacts of every window up to the last of `keys` with a successor, in the assets' layout:
     content_embeddings (the stand-in; every window, t+1's new items read it), engagement_graph, hir_encoder
@@ -118,6 +106,7 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
     from hir_model.graph.window import GRAPH_ASSET, build_window_graph, to_us
     from hir_model.hierarchy.window import (CHECKPOINT_FILE, CONTENT_ASSET, CONTENT_FILE, EMBEDDINGS_ASSET, ENCODER_ASSET,
                                             checkpoint_path, embed_window)
+    from hir_model.eval.text_vectors import stand_in_table
     from hir_model.train.data import load_train_data
     from hir_model.train.trainer import train_window
 
@@ -130,7 +119,7 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
         t0 = time.perf_counter()
         catalog = store.read(CATALOG_ASSET, key, ENTITIES_FILE, columns=["entity_id", "title", "description", "category"])
         with store.writing() as staging:
-            staging.write_table(CONTENT_ASSET, key, CONTENT_FILE, content_stand_in(catalog))
+            staging.write_table(CONTENT_ASSET, key, CONTENT_FILE, stand_in_table(catalog))
         t1 = time.perf_counter()
         seconds["content"] += t1 - t0
         if key > upto:

@@ -43,7 +43,7 @@ from hir_model.data.synthetic import SyntheticConfig, SyntheticSource  # noqa: E
 from hir_model.data.windows import WindowSpec  # noqa: E402
 from hir_model.embed import embed_entities, trained_view  # noqa: E402
 from hir_model.embed.entities import EmbedConfig  # noqa: E402
-from hir_model.eval.text_vectors import entity_text, text_vectors  # noqa: E402
+from hir_model.eval.text_vectors import stand_in_table  # noqa: E402
 from hir_model.graph.build import build_graph  # noqa: E402
 from hir_model.graph.window import to_us  # noqa: E402
 from hir_model.hierarchy import build_hierarchy, catalog_texts  # noqa: E402
@@ -52,24 +52,8 @@ from hir_model.retrieval import (ITEM_TYPES, IndexConfig, Retriever, bom_tokens,
 from hir_model.train.checkpoint import load_checkpoint, load_trained_model  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
-from hir_model.train.data import TrainData, active_nodes, engagement_pairs  # noqa: E402
+from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs  # noqa: E402
 from hir_model.train.trainer import train_window  # noqa: E402
-
-
-def content_table(catalog: pa.Table) -> pa.Table:
-    """entity_id + `embedding` (fixed-size list) from the hashed TF-IDF stand-in: the content_embeddings columns read."""
-    texts = [entity_text(t, d, c) for t, d, c in zip(*(catalog.column(k).to_pylist() for k in ("title", "description", "category")))]
-    mat, _ = text_vectors(texts, np.ones(len(texts), bool))  # (M, C)
-    return pa.table({"entity_id": catalog.column("entity_id"),
-                     "embedding": pa.FixedSizeListArray.from_arrays(pa.array(mat.reshape(-1)), mat.shape[1])})
-
-
-def content_by_node(graph, content: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    mat = np.asarray(content.column("embedding").combine_chunks().values).reshape(content.num_rows, -1)
-    node = graph.nodes.index_of(content.column("entity_id"))
-    out, has = np.zeros((graph.num_nodes, mat.shape[1]), np.float32), np.zeros(graph.num_nodes, bool)
-    out[node[node >= 0]], has[node[node >= 0]] = mat[node >= 0], True
-    return out, has
 
 
 def train_windows(source, windows, cfg: TrainConfig, tmp: Path):
@@ -81,9 +65,9 @@ def train_windows(source, windows, cfg: TrainConfig, tmp: Path):
         events = pa.concat_tables([b.table for b in source.events(w)])
         end = to_us(w.end)
         graph, _ = build_graph(graph, catalog, relations, [events], end)
-        content = content_table(catalog)
+        content = stand_in_table(catalog)
         user, entity, sign, prob = engagement_pairs(graph, events.select(["user_id", "entity_id", "event_type", "ts"]), end)
-        data = TrainData(graph, end, active_nodes(graph, end), user, entity, sign, prob, *content_by_node(graph, content))
+        data = TrainData(graph, end, active_nodes(graph, end), user, entity, sign, prob, *align_content(graph, content))
         out = tmp / f"{w.key}.pt"
         r = train_window(data, cfg, out, ckpt, w.key)
         ckpt = out

@@ -32,7 +32,8 @@ from hir_model.graph.window import to_us  # noqa: E402
 from hir_model.train.checkpoint import load_checkpoint  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
-from hir_model.train.data import TrainData, active_nodes, engagement_pairs, load_train_data  # noqa: E402
+from hir_model.eval.text_vectors import stand_in_table  # noqa: E402
+from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs, load_train_data  # noqa: E402
 from hir_model.train.model import HIRModel  # noqa: E402
 from hir_model.train.trainer import assignments, embed_nodes, train_window  # noqa: E402
 
@@ -47,18 +48,6 @@ def source_of(name: str):
         src = SyntheticSource(SyntheticConfig(), data_dir / "synthetic-seed7")
     src.prepare()
     return src
-
-
-def content_vectors(graph, catalog: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Hashed TF-IDF text vectors (hir_model.eval.text_vectors) aligned to graph nodes: the content stand-in."""
-    from hir_model.eval.text_vectors import entity_text, text_vectors
-    texts = [entity_text(t, d, c) for t, d, c in zip(*(catalog.column(k).to_pylist() for k in ("title", "description", "category")))]
-    mat, has = text_vectors(texts, np.ones(len(texts), bool))
-    node = graph.nodes.index_of(catalog.column("entity_id"))
-    out, ok = np.zeros((graph.num_nodes, mat.shape[1]), np.float32), np.zeros(graph.num_nodes, bool)
-    keep = (node >= 0) & has
-    out[node[keep]], ok[node[keep]] = mat[keep], True
-    return out, ok
 
 
 def teacher_of(path: Path) -> tuple[HIRModel, TrainConfig]:
@@ -131,7 +120,7 @@ def main() -> None:
             end = to_us(w.end)
             prev_graph, _ = build_graph(prev_graph, catalog, relations, [events], end)
             user, entity, sign, prob = engagement_pairs(prev_graph, events.select(["user_id", "entity_id", "event_type", "ts"]), end)
-            mat, has = (None, None) if args.no_content else content_vectors(prev_graph, catalog)
+            mat, has = (None, None) if args.no_content else align_content(prev_graph, stand_in_table(catalog))
             data = TrainData(prev_graph, end, active_nodes(prev_graph, end), user, entity, sign, prob, mat, has)
         out = tmp / f"{w.key}.pt"
         r = train_window(data, cfg, out, prev_ckpt, w.key)

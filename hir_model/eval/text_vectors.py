@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import pyarrow as pa
 import scipy.sparse as sp
 
 TOKEN = re.compile(r"[a-z0-9]+")
@@ -52,3 +53,13 @@ def _buckets(text: str, n_buckets: int) -> np.ndarray:
 def entity_text(title: str | None, description: str | None, category: str | None) -> str | None:
     parts = [p for p in (title, description, category) if isinstance(p, str) and p]  # nulls may arrive as NaN
     return " ".join(parts) if parts else None
+
+
+def stand_in_table(catalog: pa.Table, config: TextVectorConfig = TextVectorConfig()) -> pa.Table:
+    """A `content_embeddings`-shaped table (entity_id, embedding; null for a row without text) of a catalogue's title,
+    description and category; IDF over the rows with text (a window's catalogue: nothing after its end)."""
+    texts = [entity_text(t, d, c) for t, d, c in zip(*(catalog.column(k).to_pylist() for k in ("title", "description", "category")))]
+    mat, has = text_vectors(texts, np.array([t is not None for t in texts], bool), config)  # (M, C), (M,)
+    flat = pa.array(np.where(has[:, None], mat, 0).astype(np.float32).reshape(-1))
+    return pa.table({"entity_id": catalog.column("entity_id"),
+                     "embedding": pa.FixedSizeListArray.from_arrays(flat, mat.shape[1], mask=pa.array(~has))})

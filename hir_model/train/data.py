@@ -76,7 +76,11 @@ def content_by_node(graph: Graph, content_path: Path | None) -> tuple[np.ndarray
     """content_embeddings' fused `embedding` column aligned to graph nodes: (float32 [N, C], bool [N])."""
     if content_path is None or not Path(content_path).exists():
         return None, None
-    t = pq.read_table(content_path, columns=["entity_id", "embedding"])
+    return align_content(graph, pq.read_table(content_path, columns=["entity_id", "embedding"]))
+
+
+def align_content(graph: Graph, t: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """A content table (entity_id, embedding; null: none) aligned to graph nodes: (float32 [N, C], bool [N])."""
     mat, valid = to_matrix(t.column("embedding"))  # (M, C), (M,)
     node = graph.nodes.index_of(t.column("entity_id"))  # (M,), -1 when unknown to the graph
     out, has = np.zeros((graph.num_nodes, mat.shape[1]), np.float32), np.zeros(graph.num_nodes, bool)
