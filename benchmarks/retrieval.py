@@ -2,11 +2,13 @@
 top-100, candidates scored per query, queries per second.
 
 The encoder is trained window by window as `hir_encoder` does (hir.toml's [train] for the synthetic source, warm-started
-from t-1; content vectors are the hashed TF-IDF stand-in of hir_model.eval.text_vectors, as in benchmarks/train.py),
+from t-1; content vectors are the hashed TF-IDF stand-in of hir_model.eval.text_vectors, as in benchmarks/train.py,
+or with --store a synthetic demo's materialised graph, events and MiniLM + CLIP content_embeddings),
 then the last window's entities are embedded, assigned to the hierarchy and indexed exactly as `entity_embeddings`,
 `interest_hierarchy` and `bom_index` do (the `case=build` line times them; training is benchmarks/train.py's subject).
 
     .venv/bin/python benchmarks/retrieval.py [--quick] [--windows N] [--steps S] [--levels 8,32,128] [--users U] [--threads T]
+        [--store .hir/storage/synthetic] [--set field=value]
 
 Prints one `key=value` line per case: `case=exact` (faiss over every item), `case=bom` (what `bom_index` tunes:
 adaptive per-query budgets, the priority margin reaching recall 0.95 on 200 other users), `case=bom_10x` (adaptive,
@@ -34,6 +36,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,22 +55,28 @@ from hir_model.retrieval import (ITEM_TYPES, IndexConfig, Retriever, bom_tokens,
 from hir_model.train.checkpoint import load_checkpoint, load_trained_model  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
-from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs  # noqa: E402
+from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs, load_train_data  # noqa: E402
 from hir_model.train.trainer import train_window  # noqa: E402
 
 
-def train_windows(source, windows, cfg: TrainConfig, tmp: Path):
-    """Train window by window, warm-started; returns (graph, content, catalog, checkpoint, end_us) of the last."""
+def train_windows(source, windows, cfg: TrainConfig, tmp: Path, store: Path | None = None):
+    """Train window by window, warm-started; returns (graph, content, catalog, checkpoint, end_us) of the last. With a
+    `store` (a demo's storage root), each window's graph, events and content_embeddings (MiniLM + CLIP) come from it."""
     graph, ckpt = None, None
     for w in windows:
         catalog = pa.concat_tables([b.table for b in source.catalog(w.end)])
-        relations = pa.concat_tables([b.table for b in source.relations(w.end)])
-        events = pa.concat_tables([b.table for b in source.events(w)])
         end = to_us(w.end)
-        graph, _ = build_graph(graph, catalog, relations, [events], end)
-        content = stand_in_table(catalog)
-        user, entity, sign, prob = engagement_pairs(graph, events.select(["user_id", "entity_id", "event_type", "ts"]), end)
-        data = TrainData(graph, end, active_nodes(graph, end), user, entity, sign, prob, *align_content(graph, content))
+        if store is not None:
+            content_file = store / "content_embeddings" / w.key / "embeddings.parquet"
+            data = load_train_data(store / "engagement_graph" / w.key, store / "raw_events" / w.key / "events.parquet", content_file)
+            graph, content = data.graph, pq.read_table(content_file, columns=["entity_id", "embedding"])
+        else:
+            relations = pa.concat_tables([b.table for b in source.relations(w.end)])
+            events = pa.concat_tables([b.table for b in source.events(w)])
+            graph, _ = build_graph(graph, catalog, relations, [events], end)
+            content = stand_in_table(catalog)
+            user, entity, sign, prob = engagement_pairs(graph, events.select(["user_id", "entity_id", "event_type", "ts"]), end)
+            data = TrainData(graph, end, active_nodes(graph, end), user, entity, sign, prob, *align_content(graph, content))
         out = tmp / f"{w.key}.pt"
         r = train_window(data, cfg, out, ckpt, w.key)
         ckpt = out
@@ -126,6 +135,8 @@ def main() -> None:
     p.add_argument("--users", type=int, default=0, help="query users (default 1000; --quick: 200)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--set", action="append", default=[], help="override a TrainConfig field (JSON value), e.g. --set refine_iters=0")
+    p.add_argument("--store", default="", help="a synthetic demo's storage root: read engagement_graph, raw_events and "
+                   "content_embeddings (MiniLM + CLIP) of each window from it instead of the TF-IDF stand-in")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     source = SyntheticSource(SyntheticConfig(), Path(os.environ.get("HIR_DATA_DIR", REPO / "data")) / "synthetic-seed7")
@@ -137,7 +148,7 @@ def main() -> None:
     cfg = with_overrides(cfg, parse_overrides(args.set))
     config = IndexConfig()
     with tempfile.TemporaryDirectory(prefix="hir-retrieval-bench-") as tmp:
-        graph, content, catalog, ckpt, end = train_windows(source, windows, cfg, Path(tmp))
+        graph, content, catalog, ckpt, end = train_windows(source, windows, cfg, Path(tmp), Path(args.store) if args.store else None)
         retriever, users = build_index(graph, content, catalog, ckpt, end, Path(tmp), config,
                                        args.users or (200 if args.quick else 1000))
         k = config.recall_k
