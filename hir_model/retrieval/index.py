@@ -18,8 +18,8 @@ nprobe). Both are tuned per window on calibration users (disjoint from the users
 smallest factor, and the smallest margin, whose mean recall@k reaches `target_recall` (the per-query ceiling
 `max_candidate_share` of the items), and the one needing fewer candidates on average is kept. Neither wins
 everywhere (benchmarks/retrieval.py: on the synthetic source, recall@100 with a tenth of the items was higher with
-adaptive budgets on five of six seed x content runs, by 0.000-0.023; the demo's last MovieLens window keeps a fixed
-budget). The settings are stored in `probe.json` and read back by `Retriever.load`.
+adaptive budgets on five of six seed x content runs, by 0.002-0.023, and 0.001 lower on the sixth; the demo's last
+MovieLens window keeps a fixed budget). The settings are stored in `probe.json` and read back by `Retriever.load`.
 """
 
 from __future__ import annotations
