@@ -14,7 +14,7 @@ scoring, metrics, lift), content vectors being the evaluation's hashed TF-IDF st
 With HIR (the synthetic case by default) it publishes, window by window into the same store, what the pipeline's
 assets publish for HIR, with the library calls they make: `content_embeddings` (here the hashed TF-IDF stand-in of
 the window's catalogue text, `hir_model.eval.text_vectors`: no model weights), `engagement_graph`
-(`build_window_graph`), `hir_encoder` (`train_window` on `load_train_data`, hir.toml's [train] + [train.synthetic],
+(`build_window_graph`), `hir_encoder` (`train_window` on `window_train_data`, hir.toml's [train] + [train.synthetic],
 warm-started from t-1, the checkpoint and metrics.json in the asset's layout) and `entity_embeddings`
 (`embed_window`), for every window but the last (it has no successor to be evaluated on; timed, the `hir_build_s`
 line). It then evaluates every window with a successor exactly as the `window_evaluation` asset does
@@ -60,13 +60,10 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
 from hir_model.data.source import Source  # noqa: E402
-from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, build_catalog,  # noqa: E402
-                                   build_events)
+from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, build_catalog, build_events  # noqa: E402
 from hir_model.data.windows import WindowSpec  # noqa: E402
 from hir_model.eval.baselines import baselines  # noqa: E402
 from hir_model.eval.report import evaluated, summary, write_report  # noqa: E402
@@ -103,11 +100,10 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
     content_embeddings (the stand-in; every window, t+1's new items read it), engagement_graph, hir_encoder
     (warm-started from t-1) and entity_embeddings. Returns seconds per stage and the training summary."""
     from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
-    from hir_model.graph.window import GRAPH_ASSET, build_window_graph, to_us
+    from hir_model.graph.window import build_window_graph, to_us
     from hir_model.hierarchy.window import (CHECKPOINT_FILE, CONTENT_ASSET, CONTENT_FILE, EMBEDDINGS_ASSET, ENCODER_ASSET,
-                                            checkpoint_path, embed_window)
+                                            checkpoint_path, embed_window, window_train_data)
     from hir_model.eval.text_vectors import stand_in_table
-    from hir_model.train.data import load_train_data
     from hir_model.train.trainer import train_window
 
     needed = [k for k in keys if spec.next(spec.window(k)) is not None]
@@ -129,8 +125,7 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
         t2 = time.perf_counter()
         out = scratch / key / CHECKPOINT_FILE  # hir_encoder: trained beside the store, then committed like the asset does
         out.parent.mkdir(parents=True, exist_ok=True)
-        data = load_train_data(store.partition_dir(GRAPH_ASSET, key), store.partition_dir(EVENTS_ASSET, key) / f"{EVENTS_FILE}.parquet",
-                               store.partition_dir(CONTENT_ASSET, key) / f"{CONTENT_FILE}.parquet")
+        data, _ = window_train_data(store, key)
         result = train_window(data, cfg, out, checkpoint_path(store, previous) if previous else None, key)
         with store.writing() as staging:
             folder = staging.path(ENCODER_ASSET, key)

@@ -36,7 +36,6 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,11 +54,13 @@ from hir_model.retrieval import (ITEM_TYPES, IndexConfig, Retriever, bom_tokens,
 from hir_model.train.checkpoint import load_checkpoint, load_trained_model  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
-from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs, load_train_data  # noqa: E402
+from hir_model.hierarchy.window import window_train_data  # noqa: E402
+from hir_model.storage import PartitionStore  # noqa: E402
+from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs  # noqa: E402
 from hir_model.train.trainer import train_window  # noqa: E402
 
 
-def train_windows(source, windows, cfg: TrainConfig, tmp: Path, store: Path | None = None):
+def train_windows(source, windows, cfg: TrainConfig, tmp: Path, store: PartitionStore | None = None):
     """Train window by window, warm-started; returns (graph, content, catalog, checkpoint, end_us) of the last. With a
     `store` (a demo's storage root), each window's graph, events and content_embeddings (MiniLM + CLIP) come from it."""
     graph, ckpt = None, None
@@ -67,9 +68,8 @@ def train_windows(source, windows, cfg: TrainConfig, tmp: Path, store: Path | No
         catalog = pa.concat_tables([b.table for b in source.catalog(w.end)])
         end = to_us(w.end)
         if store is not None:
-            content_file = store / "content_embeddings" / w.key / "embeddings.parquet"
-            data = load_train_data(store / "engagement_graph" / w.key, store / "raw_events" / w.key / "events.parquet", content_file)
-            graph, content = data.graph, pq.read_table(content_file, columns=["entity_id", "embedding"])
+            data, content = window_train_data(store, w.key)
+            graph = data.graph
         else:
             relations = pa.concat_tables([b.table for b in source.relations(w.end)])
             events = pa.concat_tables([b.table for b in source.events(w)])
@@ -148,7 +148,7 @@ def main() -> None:
     cfg = with_overrides(cfg, parse_overrides(args.set))
     config = IndexConfig()
     with tempfile.TemporaryDirectory(prefix="hir-retrieval-bench-") as tmp:
-        graph, content, catalog, ckpt, end = train_windows(source, windows, cfg, Path(tmp), Path(args.store) if args.store else None)
+        graph, content, catalog, ckpt, end = train_windows(source, windows, cfg, Path(tmp), PartitionStore(Path(args.store)) if args.store else None)
         retriever, users = build_index(graph, content, catalog, ckpt, end, Path(tmp), config,
                                        args.users or (200 if args.quick else 1000))
         k = config.recall_k

@@ -33,7 +33,9 @@ from hir_model.train.checkpoint import load_checkpoint  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
 from hir_model.eval.text_vectors import stand_in_table  # noqa: E402
-from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs, load_train_data  # noqa: E402
+from hir_model.hierarchy.window import window_train_data  # noqa: E402
+from hir_model.storage import PartitionStore  # noqa: E402
+from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs  # noqa: E402
 from hir_model.train.model import HIRModel  # noqa: E402
 from hir_model.train.trainer import assignments, embed_nodes, train_window  # noqa: E402
 
@@ -109,9 +111,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="hir-train-bench-"))
     for w in windows:
         if args.store:
-            root = Path(args.store)
-            data = load_train_data(root / "engagement_graph" / w.key, root / "raw_events" / w.key / "events.parquet",
-                                   None if args.no_content else root / "content_embeddings" / w.key / "embeddings.parquet")
+            data, _ = window_train_data(PartitionStore(Path(args.store)), w.key, content=not args.no_content)
             prev_graph, user = data.graph, data.pair_user
         else:
             catalog = pa.concat_tables([b.table for b in source.catalog(w.end)])

@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE
+from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, EntityEmbeddings, embed_entities, read_embeddings, trained_view
 from hir_model.embed.entities import visible_degree
 from hir_model.graph.sampler import ViewConfig
-from hir_model.graph.window import load_window_graph
+from hir_model.graph.window import GRAPH_ASSET, load_window_graph
 from hir_model.hierarchy.build import (ASSIGNMENTS_FILE, PRIMITIVES_FILE, Hierarchy, HierarchyConfig, build_hierarchy,
                                        catalog_texts)
 from hir_model.storage import PartitionStore
 from hir_model.train.checkpoint import TrainedModel, load_checkpoint, load_trained_model
+from hir_model.train.data import TrainData, align_content, load_train_data
 
 ENCODER_ASSET, CHECKPOINT_FILE = "hir_encoder", "checkpoint.pt"
 CONTENT_ASSET, CONTENT_FILE = "content_embeddings", "embeddings"
@@ -26,6 +27,17 @@ EMBEDDINGS_ASSET, HIERARCHY_ASSET = "entity_embeddings", "interest_hierarchy"
 
 def checkpoint_path(store: PartitionStore, key: str) -> Path:
     return store.partition_dir(ENCODER_ASSET, key) / CHECKPOINT_FILE
+
+
+def window_train_data(store: PartitionStore, key: str, content: bool = True) -> tuple[TrainData, pa.Table | None]:
+    """hir_encoder's inputs of window `key` from a store (engagement_graph, raw_events, content_embeddings), and the
+    content table itself (None without content), read once."""
+    table = store.read(CONTENT_ASSET, key, CONTENT_FILE, columns=["entity_id", "embedding"]) if content else None
+    data = load_train_data(store.partition_dir(GRAPH_ASSET, key), store.partition_dir(EVENTS_ASSET, key) / f"{EVENTS_FILE}.parquet")
+    if table is None:
+        return data, None
+    mat, has = align_content(data.graph, table)
+    return replace(data, content=mat, has_content=has), table
 
 
 def window_model(store: PartitionStore, key: str) -> TrainedModel:
