@@ -13,6 +13,7 @@ others. A requested window that cuts across the source's windows gets the matchi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -374,10 +375,11 @@ class SyntheticSource(Source):
         return GroundTruth(entities, h.table())
 
     def write_ground_truth(self) -> None:
-        """data_dir/ground_truth/{entities,hierarchy}.parquet (rewritten atomically)."""
+        """data_dir/ground_truth/{entities,hierarchy}.parquet (rewritten atomically; a temporary name per process, so two
+        processes preparing the same folder do not take each other's file)."""
         out = self.data_dir / "ground_truth"
         out.mkdir(parents=True, exist_ok=True)
         for name, table in (("entities", self.ground_truth.entities), ("hierarchy", self.ground_truth.hierarchy)):
-            tmp = out / f".{name}.parquet.tmp"
+            tmp = out / f".{name}.parquet.{os.getpid()}.tmp"
             pq.write_table(table, tmp)
             tmp.replace(out / f"{name}.parquet")
