@@ -50,7 +50,7 @@ class TrainResult:
     resumed_from: int  # window step it resumed from (0: fresh or warm start)
     warm_started: bool
     losses: list[float]  # total loss per step run in this call
-    parts: dict[str, list[float]]  # distill / consistency / engagement per step run
+    parts: dict[str, list[float]]  # distill / consistency / engagement (/ swap when weighted) per step run
     usage_entropy: list[float]  # per level, coarse -> fine: normalised entropy of the teacher's hard assignments
     usage_share: list[float]  # per level: share of prototypes used at least once
     seconds: float
@@ -229,7 +229,7 @@ def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: 
 
 def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, batches: list,
               cfg: TrainConfig, device: torch.device, backward: bool = True, centre: Tensor | None = None) -> np.ndarray:
-    """float64 [4]: (total, distill, consistency, engagement) of one step's shards (this rank's), mean over shards;
+    """float64 [5]: (total, distill, consistency, engagement, swap) of one step's shards (this rank's), mean over shards;
     with `backward`, the gradients of that mean are accumulated into the student."""
     with torch.no_grad():  # the teacher's targets are balanced over the global batch: all shards (ranks) at once
         broad = [collate(sb.broad).to(device) for sb in batches]
@@ -238,7 +238,7 @@ def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss
         if centre is not None:  # the teacher's readouts per seed type, summed over this rank's shards (the caller all-reduces)
             add_to_centre(centre, torch.cat(readouts), torch.cat([b.node_type[:, 0] for b in broad]))
         targets = loss_fn.targets([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.levels))])
-    acc = np.zeros(4)
+    acc = np.zeros(5)
     for i, sb in enumerate(batches):
         b = len(sb.narrow.seeds)
         with torch.set_grad_enabled(backward):
@@ -249,11 +249,11 @@ def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss
             p, sign = sb.pairs, torch.from_numpy(sb.sign).to(device)
             eng = engagement_loss(z[:p], z[p:2 * p], sign, cfg.engagement_temp) if p else z.new_zeros(())
             loss = cfg.distill_weight * distill + cfg.consistency_weight * cons + cfg.engagement_weight * eng
-            if cfg.swap_weight:
-                loss = loss + cfg.swap_weight * loss_fn.swap(s_scores, mine, p, sign)
+            swap = loss_fn.swap(s_scores, mine, p, sign) if cfg.swap_weight else z.new_zeros(())
+            loss = loss + cfg.swap_weight * swap
         if backward:
             (loss / len(batches)).backward()
-        acc += np.array([loss.item(), distill.item(), cons.item(), eng.item()]) / len(batches)
+        acc += np.array([loss.item(), distill.item(), cons.item(), eng.item(), swap.item()]) / len(batches)
     return acc
 
 
@@ -306,7 +306,7 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
         model = torch.nn.parallel.DistributedDataParallel(student, device_ids=[local] if device.type == "cuda" else None)
     lrs, moms = lr_schedule(cfg), momentum_schedule(cfg)
     shards = [rank] if world > 1 else list(range(cfg.shards))
-    losses, parts = [], {"distill": [], "consistency": [], "engagement": []}
+    losses, parts = [], {"distill": [], "consistency": [], "engagement": [], **({"swap": []} if cfg.swap_weight else {})}
     end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
     start_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
     t0 = time.perf_counter()
@@ -320,13 +320,13 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
         total = _all_reduce_mean(float(acc[0]), device)
         if not np.isfinite(total):
             raise NonFiniteLoss(f"non-finite loss {total} at window step {s} (distill {acc[1]}, consistency {acc[2]}, "
-                                f"engagement {acc[3]}): stopping")
+                                f"engagement {acc[3]}, swap {acc[4]}): stopping")
         torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
         opt.step()
         ema_update(teacher, student, float(moms[s]))
         recentre(student, teacher, all_reduce_sum(centre), cfg.centre_momentum)
         losses.append(total)
-        for k, v in zip(parts, acc[1:]):
+        for k, v in zip(parts, acc[1:]):  # swap last: left out when off
             parts[k].append(_all_reduce_mean(float(v), device))
         if rank == 0 and out is not None and cfg.checkpoint_every and (s + 1) % cfg.checkpoint_every == 0 and s + 1 < cfg.steps:
             _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, s + 1, base_step, False, {}))

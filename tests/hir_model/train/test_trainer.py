@@ -198,3 +198,4 @@ def test_the_swap_term_trains_when_weighted():
     data, _ = tiny_data()
     off, on = (train_window(data, tiny_config(steps=3, swap_weight=w)) for w in (0.0, 1.0))
     assert np.isfinite(on.losses).all() and on.weights_digest != off.weights_digest
+    assert "swap" not in off.parts and len(on.parts["swap"]) == 3 and all(v > 0 for v in on.parts["swap"])  # its own curve
