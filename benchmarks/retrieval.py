@@ -2,17 +2,22 @@
 top-100, candidates scored per query, queries per second.
 
 The encoder is trained window by window as `hir_encoder` does (hir.toml's [train] for the synthetic source, warm-started
-from t-1; content vectors are the hashed TF-IDF stand-in of hir_model.eval.text_vectors, as in benchmarks/train.py,
-or with --store a synthetic demo's materialised graph, events and MiniLM + CLIP content_embeddings),
-then the last window's entities are embedded, assigned to the hierarchy and indexed exactly as `entity_embeddings`,
-`interest_hierarchy` and `bom_index` do (the `case=build` line times them; training is benchmarks/train.py's subject).
+from t-1), with one exception: the interest levels are [train]'s own (8 / 32 / 128, the hierarchy every source gets
+unless it overrides it), not [train.synthetic]'s 4 / 12 / 36. Those mirror the planted tree so that NMI per level
+compares like with like (benchmarks/train.py); as an index they make 36 cells of ~91 items for 3,292, and the finest
+level is the index's resolution (`--levels 4,12,36` measures them: README, Hierarchy and retrieval). Content vectors
+are the hashed TF-IDF stand-in of hir_model.eval.text_vectors, as in benchmarks/train.py, or with --store a synthetic
+demo's materialised graph, events and MiniLM + CLIP content_embeddings. Then the last window's entities are embedded,
+assigned to the hierarchy and indexed exactly as `entity_embeddings`, `interest_hierarchy` and `bom_index` do
+(the `case=build` line times them; training is benchmarks/train.py's subject).
 
-    .venv/bin/python benchmarks/retrieval.py [--quick] [--windows N] [--steps S] [--levels 8,32,128] [--users U] [--threads T]
+    .venv/bin/python benchmarks/retrieval.py [--quick] [--windows N] [--steps S] [--levels 4,12,36] [--users U] [--threads T]
         [--store .hir/storage/synthetic] [--set field=value]
 
-Prints one `key=value` line per case: `case=exact` (faiss over every item), `case=bom` (what `bom_index` tunes:
-adaptive per-query budgets, the priority margin reaching recall 0.95 on 200 other users), `case=bom_10x` (adaptive,
-the margin whose mean budget on those other users is a tenth of the catalogue: the acceptance target),
+Prints one `key=value` line per case: `case=exact` (faiss over every item), `case=bom` (what `bom_index` keeps:
+a fixed or an adaptive budget, whichever reaches recall 0.95 on 500 calibration users, none of them a query user, with
+fewer candidates), `case=bom_10x` (adaptive: the widest priority margin whose mean budget on those users stays within
+a tenth of the catalogue, a query taking at most max(the tuned budget, a tenth): the acceptance target),
 `case=bom_10x_fixed` (every query a tenth of the catalogue), `case=bom_10x_list_by_list` (the same with weight_prior 0:
 each primitive's list read whole before the next, the probe before adaptive budgets), `case=bom_tokens` (the query's
 stored top-k tokens per level, no probing) and `case=bom_sweep` lines over fixed budgets.
@@ -131,7 +136,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="4 windows, 200 users")
     p.add_argument("--windows", type=int, default=0, help="windows trained (default: all 8; --quick: 4)")
     p.add_argument("--steps", type=int, default=0, help="optimizer steps per window (default: hir.toml's [train.synthetic])")
-    p.add_argument("--levels", default="", help="prototypes per level, e.g. 8,32,128 (default: hir.toml's [train.synthetic])")
+    p.add_argument("--levels", default="", help="prototypes per level, e.g. 4,12,36 (default: hir.toml's [train] levels, "
+                   "not the synthetic source's planted-tree sizes)")
     p.add_argument("--users", type=int, default=0, help="query users (default 1000; --quick: 200)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--set", action="append", default=[], help="override a TrainConfig field (JSON value), e.g. --set refine_iters=0")
@@ -142,9 +148,10 @@ def main() -> None:
     source = SyntheticSource(SyntheticConfig(), Path(os.environ.get("HIR_DATA_DIR", REPO / "data")) / "synthetic-seed7")
     source.prepare()
     windows = WindowSpec.covering("weekly", *source.span()).windows()[: args.windows or (4 if args.quick else 8)]
-    cfg = with_overrides(TrainConfig(), load_config(env={**os.environ, "HIR_SOURCE": "synthetic"}).train)  # as hir_encoder
-    cfg = replace(cfg, **({"steps": args.steps} if args.steps else {}),
-                  **({"levels": tuple(int(x) for x in args.levels.split(","))} if args.levels else {}))
+    settings = load_config(env={**os.environ, "HIR_SOURCE": "synthetic"})
+    cfg = with_overrides(TrainConfig(), settings.train)  # as hir_encoder, but for the levels (see the docstring)
+    levels = args.levels.split(",") if args.levels else settings.train_shared.get("levels", TrainConfig().levels)
+    cfg = replace(cfg, levels=tuple(int(x) for x in levels), **({"steps": args.steps} if args.steps else {}))
     cfg = with_overrides(cfg, parse_overrides(args.set))
     config = IndexConfig()
     with tempfile.TemporaryDirectory(prefix="hir-retrieval-bench-") as tmp:
@@ -158,9 +165,10 @@ def main() -> None:
         print(line("bom", retriever, users, k, probe_margin=retriever.probe_margin, probe_factor=retriever.probe_factor), flush=True)
         tenth = math.floor(100 * items / 10 / k) / 100  # the probe factor that scores at most a tenth of the catalogue
         calibration = calibration_users(retriever.emb, users, config)  # the asset's calibration users
-        margin = budget_curves(retriever, calibration, k, retriever.budget(k)).margin_within(items / 10)
-        print(line("bom_10x", retriever.with_probe_margin(margin, retriever.probe_factor), users, k, probe_margin=margin,
-                   weight_prior=retriever.weight_prior), flush=True)
+        ceiling = max(retriever.probe_factor, tenth)  # the tuned budget may be a fixed one under a tenth
+        margin = budget_curves(retriever, calibration, k, math.ceil(ceiling * k)).margin_within(items / 10)
+        print(line("bom_10x", retriever.with_probe_margin(margin, ceiling), users, k, probe_margin=round(margin, 4),
+                   max_probe_factor=ceiling, weight_prior=retriever.weight_prior), flush=True)
         print(line("bom_10x_fixed", retriever.with_probe_factor(tenth), users, k, probe_factor=tenth,
                    weight_prior=retriever.weight_prior), flush=True)
         print(line("bom_10x_list_by_list", Retriever.load(Path(tmp), retriever.emb, tenth, weight_prior=0.0), users, k,

@@ -35,6 +35,7 @@ class HIRConfig:
     synthetic: Mapping[str, Any] = field(default_factory=dict)  # overrides of SyntheticConfig fields
     parquet_path: str = ""  # the bring-your-own folder
     train: Mapping[str, Any] = field(default_factory=dict)  # TrainConfig overrides ([train], then [train.<source>])
+    train_shared: Mapping[str, Any] = field(default_factory=dict)  # [train] alone, without any source's sub-table
     config_file: Path | None = None  # where this came from, for messages
 
     def __post_init__(self) -> None:
@@ -107,6 +108,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         synthetic=dict(raw.get("synthetic", {})),
         parquet_path=local(p) if (p := env.get("HIR_PARQUET_PATH") or raw.get("parquet", {}).get("path", "")) else "",
         train=_train_overrides(raw.get("train", {}), source),
+        train_shared=_train_overrides(raw.get("train", {}), ""),
         config_file=path if path.exists() else None,
     )
 

@@ -17,8 +17,9 @@ interests sit in one or two primitives needs few candidates, one spread between 
 nprobe). Both are tuned per window on calibration users (disjoint from the users the recall check samples): the
 smallest factor, and the smallest margin, whose mean recall@k reaches `target_recall` (the per-query ceiling
 `max_candidate_share` of the items), and the one needing fewer candidates on average is kept. Neither wins
-everywhere (benchmarks/retrieval.py: on the synthetic source, recall@100 with a tenth of the items was higher with
-adaptive budgets on five of six seed x content runs, by 0.002-0.023, and 0.001 lower on the sixth; the demo's last
+everywhere (benchmarks/retrieval.py: on the synthetic source with levels 4 / 12 / 36, recall@100 with a tenth of the
+items was higher with adaptive budgets on five of six seed x content runs, by 0.002-0.023, and 0.001 lower on the sixth;
+with 8 / 32 / 128 fixed budgets were kept on five of six; the demo's last
 MovieLens window keeps a fixed budget). The settings are stored in `probe.json` and read back by `Retriever.load`.
 """
 

@@ -51,3 +51,10 @@ def test_each_source_gets_its_own_default_storage(tmp_path):
     assert load_config(path, env={}).storage_uri == str(tmp_path / ".hir" / "storage" / "movielens")
     assert load_config(path, env={"HIR_SOURCE": "synthetic"}).storage_uri == str(tmp_path / ".hir" / "storage" / "synthetic")
     assert load_config(path, env={"HIR_STORAGE_URI": "s3://b/{source}/x", "HIR_SOURCE": "synthetic"}).storage_uri == "s3://b/synthetic/x"
+
+
+def test_train_settings_per_source_and_shared(tmp_path):
+    text = "[train]\nlevels = [8, 32, 128]\nsteps = 12\n[train.synthetic]\nlevels = [4, 12, 36]\n[train.parquet]\nsteps = 3\n"
+    cfg = load_config(write(tmp_path, text), env={"HIR_SOURCE": "synthetic"})
+    assert cfg.train == {"levels": [4, 12, 36], "steps": 12}  # the source's sub-table over [train], others dropped
+    assert cfg.train_shared == {"levels": [8, 32, 128], "steps": 12}  # [train] alone
