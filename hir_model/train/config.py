@@ -58,6 +58,9 @@ class TrainConfig:
     probe_size: int = 16  # fixed probe batch whose embeddings are logged and re-checked after loading
     metric_nodes: int = 512  # active nodes scored by the teacher at the end for the collapse metrics
     seed: int = 0
+    deterministic: bool = True  # torch's deterministic algorithms while training: with 2 CPU threads, two runs of one window
+    # on the same inputs gave different weights (a backward kernel's parallel sums; 1 thread and the forward were exact);
+    # with them, identical, and no slower (synthetic window, 30 steps: 3.0-3.1 s either way)
     narrow: ViewConfig = TRAIN_NARROW
     broad: ViewConfig = TRAIN_BROAD
     # a small encoder; the compiled dense-bias kernel costs ~7 s per process to compile: more than a window's training

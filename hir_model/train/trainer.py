@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -266,11 +267,31 @@ def held_out_loss(student: HIRModel, teacher: HIRModel, loss_fn: DistillationLos
     return _all_reduce_mean(float(acc), device)
 
 
+@contextmanager
+def deterministic_algorithms(on: bool):
+    """torch's deterministic algorithms for the block (warn-only: an op without a deterministic kernel, e.g. some CUDA
+    ones without CUBLAS_WORKSPACE_CONFIG, warns rather than fails), the previous setting restored after."""
+    before, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    if on:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn)
+
+
 def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, init: Path | None = None, window: str = "",
                  stop_after: int | None = None) -> TrainResult:
     """Train on one window's data; resume from `out` if it holds this window's unfinished run, else warm-start from
     `init` (the previous window's checkpoint) or start fresh. `stop_after` stops after that many window steps
-    (simulates a kill: the checkpoint at `out` is then resumable)."""
+    (simulates a kill: the checkpoint at `out` is then resumable). With cfg.deterministic, two runs on the same inputs
+    and the same number of threads give the same weights (see TrainConfig.deterministic)."""
+    with deterministic_algorithms(cfg.deterministic):
+        return _train_window(data, cfg, out, init, window, stop_after)
+
+
+def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Path | None, window: str,
+                  stop_after: int | None) -> TrainResult:
     rank, world = _dist()
     if world > 1:
         cfg = replace(cfg, shards=world)

@@ -15,6 +15,7 @@ from hir_model.nn import collate
 from hir_model.train.data import seed_only, step_batch, view_of
 from hir_model.train.model import HIRModel, ema_update, make_teacher
 from hir_model.train.trainer import NonFiniteLoss, embed_nodes, seed_prototypes, train_window
+from hir_model.train.config import TrainConfig
 from tests.hir_model.train.tiny import tiny_config, tiny_data
 
 
@@ -199,3 +200,18 @@ def test_the_swap_term_trains_when_weighted():
     off, on = (train_window(data, tiny_config(steps=3, swap_weight=w)) for w in (0.0, 1.0))
     assert np.isfinite(on.losses).all() and on.weights_digest != off.weights_digest
     assert "swap" not in off.parts and len(on.parts["swap"]) == 3 and all(v > 0 for v in on.parts["swap"])  # its own curve
+
+
+def test_training_is_reproducible_on_two_threads():
+    # the default encoder on a few hundred nodes: with 2 threads a backward kernel's parallel sums made two runs
+    # differ (three runs, three digests) until training ran with torch's deterministic algorithms
+    data, _ = tiny_data(groups=8, users=20, products=20)
+    cfg = TrainConfig(levels=(2, 4), steps=4, warmup_steps=1, checkpoint_every=0, probe_size=4, metric_nodes=64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        digests = {train_window(data, cfg).weights_digest for _ in range(3)}
+    finally:
+        torch.set_num_threads(threads)
+    assert len(digests) == 1
+    assert not torch.are_deterministic_algorithms_enabled()  # the setting is the caller's again afterwards
