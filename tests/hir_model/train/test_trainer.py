@@ -144,7 +144,8 @@ def test_cold_share_draws_seed_only_views_of_entities_never_of_users():
 
 def test_a_warm_start_moves_prototypes_to_the_centroids_of_the_teachers_embeddings():
     data, _ = tiny_data()
-    cfg = tiny_config(refine_iters=20)
+    # without global tokens: with them, refined coarse prototypes also move the embeddings (the next test's guard)
+    cfg = tiny_config(refine_iters=20, global_tokens=False)
     student = HIRModel(cfg)
     teacher = make_teacher(student)
     nodes = data.active
@@ -160,9 +161,30 @@ def test_a_warm_start_moves_prototypes_to_the_centroids_of_the_teachers_embeddin
     after = fit()
     assert all(a > b + 0.05 for a, b in zip(after, before)), (before, after)  # random prototypes -> centroids
     kept = [p.detach().clone() for p in teacher.prototypes]
-    seed_prototypes(student, teacher, data, tiny_config(refine_iters=0), fresh=False)  # off: nothing moves
+    seed_prototypes(student, teacher, data, tiny_config(refine_iters=0, global_tokens=False), fresh=False)  # off: nothing moves
     for p, q in zip(teacher.prototypes, kept):
         torch.testing.assert_close(p, q)
+
+
+def test_a_warm_start_keeps_its_prototypes_when_the_refined_ones_would_collapse_the_assignments(monkeypatch, caplog):
+    """Refined coarse prototypes are also the encoder's global tokens; refined prototypes that, fed back, put every
+    node on one prototype are refused (a late MovieLens window ended collapsed that way)."""
+    import hir_model.train.trainer as trainer
+
+    data, _ = tiny_data()
+    cfg = tiny_config(refine_iters=20)
+    student = HIRModel(cfg)
+    teacher = make_teacher(student)
+    seed_prototypes(student, teacher, data, cfg, fresh=True)  # a fresh model's start: k-means of the embeddings
+    kept = [p.detach().clone() for p in teacher.prototypes]
+    # a degenerate refinement: every prototype of a level on one point, so every node's argmax is the first
+    monkeypatch.setattr(trainer, "primitive_centroids", lambda z, p, *a, **k: np.tile(p[:1], (len(p), 1)))
+    with caplog.at_level("WARNING", logger=trainer.log.name):
+        seed_prototypes(student, teacher, data, cfg, fresh=False)
+    assert "would collapse" in caplog.text
+    for m in (student, teacher):
+        for p, q in zip(m.prototypes, kept):
+            torch.testing.assert_close(p, q)
 
 
 def test_a_fresh_readout_is_centred_per_node_type():
