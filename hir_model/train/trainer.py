@@ -2,7 +2,9 @@
 
 Never receives a Dagster context: it returns a `TrainResult` and the caller reports it. Under DDP (torch.distributed
 initialised by hir_model.train.entry) each rank computes one shard of the global batch; on one process the same
-shards run in turn, so both give the same gradients (the loss is the mean over shards).
+shards run in turn, so both give the same gradients (the loss is the mean over shards). Where the prototypes start
+is hir_model.train.prototypes; the teacher's embeddings, assignments and collapse metrics of sampled nodes are
+hir_model.train.probe (both re-exported here).
 """
 
 from __future__ import annotations
@@ -20,23 +22,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hir_model.hierarchy.assign import primitive_centroids
 from hir_model.nn import collate
 from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
-from hir_model.train.data import TrainData, step_batch, view_of
+from hir_model.train.data import TrainData, step_batch
 from hir_model.train.loss import (
     DistillationLoss,
     all_reduce_sum,
     engagement_loss,
     parent_assignment,
-    usage_stats,
 )
 from hir_model.train.model import HIRModel, ema_update, make_teacher
+from hir_model.train.probe import PROBE_SEED, assignments, collapse_metrics, embed_nodes, probe_nodes, sample_active  # noqa: F401
+from hir_model.train.prototypes import seed_prototypes
 
 log = logging.getLogger("hir")
-PROBE_SEED = 7919
-HELD_OUT_STEP = 2**31 - 1024  # the held-out batches' step numbers (no window reaches them)  # the probe batch's view is sampled with rng (cfg.seed, PROBE_SEED)
+HELD_OUT_STEP = 2**31 - 1024  # the held-out batches' step numbers (no window reaches them)
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -78,32 +79,6 @@ def _all_reduce_mean(x: float, device: torch.device) -> float:
     t = torch.tensor([x], dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t)
     return float(t) / world
-
-
-@torch.no_grad()
-def embed_nodes(model: HIRModel | torch.nn.Module, global_tokens: Tensor | None, data: TrainData, nodes: np.ndarray,
-                cfg: TrainConfig, seed: int = PROBE_SEED, chunk: int = 128, readout: bool = False) -> Tensor:
-    """(M, W) embeddings of `nodes` on their broad view (deterministic by seed), the encoder in eval mode; with
-    `readout`, the encoder's readout before the unit norm."""
-    encoder = model.encoder if isinstance(model, HIRModel) else model
-    device = next(encoder.parameters()).device
-    was = encoder.training
-    encoder.eval()
-    run = encoder.readout if readout else encoder
-    out = [run(collate(view_of(data, nodes[i:i + chunk], cfg, seed + i)).to(device), global_tokens).cpu()
-           for i in range(0, len(nodes), chunk)]
-    encoder.train(was)
-    return torch.cat(out) if out else torch.zeros(0, encoder.cfg.width)
-
-
-def sample_active(data: TrainData, cfg: TrainConfig, tag: int, size: int, sort: bool = True) -> np.ndarray:
-    """int64 [<= size]: active nodes drawn without replacement by rng (cfg.seed, tag); sorted unless told not to."""
-    nodes = np.random.default_rng([cfg.seed, tag]).permutation(data.active)[:size]
-    return np.sort(nodes) if sort else nodes
-
-
-def probe_nodes(data: TrainData, cfg: TrainConfig) -> np.ndarray:
-    return sample_active(data, cfg, PROBE_SEED, cfg.probe_size)
 
 
 def _state(student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, opt: torch.optim.Optimizer, cfg: TrainConfig,
@@ -177,83 +152,6 @@ def centre_inputs_and_readout(student: HIRModel, teacher: HIRModel, data: TrainD
     centre = torch.zeros(teacher.encoder.out_mean.shape[0], h.shape[1] + 1)
     add_to_centre(centre, h, torch.from_numpy(data.graph.nodes.node_type[nodes].astype(np.int64)))
     recentre(student, teacher, centre, 0.0)
-
-
-def spherical_kmeans(x: Tensor, k: int, iters: int, gen: torch.Generator) -> Tensor:
-    """(k, W) unit centroids of unit rows x (N, W): k-means++-style seeding by farthest sampling, then Lloyd steps."""
-    centres = [x[torch.randint(len(x), (1,), generator=gen)].squeeze(0)]
-    for _ in range(1, k):
-        d = 1 - (x @ torch.stack(centres).T).max(1).values  # (N,) cosine distance to the nearest centre
-        centres.append(x[torch.multinomial(d.clamp_min(1e-12) ** 2, 1, generator=gen)].squeeze(0))
-    c = torch.stack(centres)
-    for _ in range(iters):
-        a = (x @ c.T).argmax(1)  # (N,)
-        sums = torch.zeros_like(c).index_add_(0, a, x)
-        used = torch.bincount(a, minlength=k) > 0
-        c = torch.where(used[:, None], F.normalize(sums, dim=-1), c)
-    return c
-
-
-@torch.no_grad()
-def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: TrainConfig, fresh: bool) -> None:
-    """Place prototypes where the data is before a window trains. Fresh model: k-means of the teacher's embeddings of
-    a sample of active nodes, finest level first, each coarser level clustering the level below's centroids (so the
-    hierarchy starts consistent). Warm start: every level takes `refine_iters` spherical k-means steps over those
-    embeddings seeded by itself (hir_model.hierarchy.assign.primitive_centroids), a prototype no node is nearest to
-    (dead: it gets no gradient from the balanced targets' argmax) re-seeded; each keeps its row, so ids stay matched.
-
-    Why refine and not only re-seed the dead: a window's few steps move prototypes only so far, and the balanced targets
-    spread mass evenly rather than to where the embeddings cluster. With dead re-seeding alone, the synthetic source's
-    prototype argmax lagged k-means on the same embeddings by 0.1-0.15 NMI (0.70 / 0.75 / 0.86, coarse -> fine); with
-    refinement, 0.76 / 0.95 / 0.90 and 0.99 / 0.96 / 0.91 (seeds 0 and 1, benchmarks/train.py). It reuses the
-    embeddings the dead-prototype search needed, so it costs nothing more; refining at a window's end instead scored
-    the same but added an embedding pass (2 s a MovieLens window).
-
-    The coarse prototypes are also the encoder's global tokens, so refining them moves the embeddings they were fitted
-    to. With global tokens the refined set is embedded with once more and kept only if its usage entropy stays above
-    REFINE_KEEP x the previous prototypes' (see there); otherwise the window starts from the previous ones, warned."""
-    gen = torch.Generator().manual_seed(cfg.seed)
-    nodes = sample_active(data, cfg, PROBE_SEED + 3, cfg.metric_nodes)
-    z = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 3)  # (M, W)
-    if len(z) < 2:
-        return
-    protos = [p.detach().cpu().clone() for p in teacher.normalised_prototypes()]
-    if fresh:
-        below = z
-        for lvl in reversed(range(len(cfg.levels))):
-            k = cfg.levels[lvl]
-            protos[lvl] = spherical_kmeans(below, k, 10, gen) if len(below) > k else F.normalize(torch.randn(k, z.shape[1], generator=gen), dim=-1)
-            below = protos[lvl]
-    else:
-        before = protos
-        protos = [torch.from_numpy(primitive_centroids(z.numpy(), p.numpy(), cfg.refine_iters, reseed=True, seed=cfg.seed))
-                  for p in protos]
-        if teacher.global_levels:  # the coarse prototypes are also the encoder's global tokens: moving them moves z
-            _set_prototypes((teacher,), protos)
-            moved = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 3)
-            old, new = _min_usage_entropy(z, before), _min_usage_entropy(moved, protos)
-            if new < REFINE_KEEP * old:
-                log.warning("refined prototypes would collapse the window's assignments (min usage entropy %.3f -> %.3f "
-                            "once they are the global tokens): keeping the previous window's", old, new)
-                protos = before
-    _set_prototypes((student, teacher), protos)
-
-
-# A warm start's refined prototypes are kept unless, fed back as global tokens, they leave the teacher's assignments
-# with less than this share of the usage entropy the previous prototypes had (MovieLens 1998-04-12: 0.75 -> 0.0, every
-# node on one prototype at every level, and the window ended collapsed; not refining, 0.84 after a step)
-REFINE_KEEP = 0.5
-
-
-def _set_prototypes(models, protos: list[Tensor]) -> None:
-    for m in models:
-        for param, value in zip(m.prototypes, protos):
-            param.copy_(value.to(param.device))
-
-
-def _min_usage_entropy(z: Tensor, protos: list[Tensor]) -> float:
-    """The lowest normalised usage entropy over the levels of z's (M, W) hard assignments to `protos`."""
-    return min(usage_stats((z @ F.normalize(p, dim=-1).to(z.dtype).T).argmax(1), len(p))[0] for p in protos)
 
 
 def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, batches: list,
@@ -398,16 +296,3 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
         version = _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, end, base_step, done, extra))
         result = replace(result, version=version)
     return result
-
-
-@torch.no_grad()
-def assignments(model: HIRModel, data: TrainData, nodes: np.ndarray, cfg: TrainConfig) -> list[np.ndarray]:
-    """Per level (coarse -> fine): int64 [M] hard prototype assignment of each node (teacher scores, broad view)."""
-    z = embed_nodes(model, model.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 1)  # (M, W)
-    return [(z @ p.cpu().T).argmax(-1).numpy() for p in model.normalised_prototypes()]
-
-
-def collapse_metrics(model: HIRModel, data: TrainData, cfg: TrainConfig) -> tuple[list[float], list[float]]:
-    nodes = sample_active(data, cfg, PROBE_SEED + 2, cfg.metric_nodes, sort=False)
-    stats = [usage_stats(torch.from_numpy(a), k) for a, k in zip(assignments(model, data, nodes, cfg), cfg.levels)]
-    return [round(e, 4) for e, _ in stats], [round(s, 4) for _, s in stats]

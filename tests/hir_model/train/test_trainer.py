@@ -169,7 +169,7 @@ def test_a_warm_start_moves_prototypes_to_the_centroids_of_the_teachers_embeddin
 def test_a_warm_start_keeps_its_prototypes_when_the_refined_ones_would_collapse_the_assignments(monkeypatch, caplog):
     """Refined coarse prototypes are also the encoder's global tokens; refined prototypes that, fed back, put every
     node on one prototype are refused (a late MovieLens window ended collapsed that way)."""
-    import hir_model.train.trainer as trainer
+    import hir_model.train.prototypes as prototypes
 
     data, _ = tiny_data()
     cfg = tiny_config(refine_iters=20)
@@ -178,8 +178,8 @@ def test_a_warm_start_keeps_its_prototypes_when_the_refined_ones_would_collapse_
     seed_prototypes(student, teacher, data, cfg, fresh=True)  # a fresh model's start: k-means of the embeddings
     kept = [p.detach().clone() for p in teacher.prototypes]
     # a degenerate refinement: every prototype of a level on one point, so every node's argmax is the first
-    monkeypatch.setattr(trainer, "primitive_centroids", lambda z, p, *a, **k: np.tile(p[:1], (len(p), 1)))
-    with caplog.at_level("WARNING", logger=trainer.log.name):
+    monkeypatch.setattr(prototypes, "primitive_centroids", lambda z, p, *a, **k: np.tile(p[:1], (len(p), 1)))
+    with caplog.at_level("WARNING", logger=prototypes.log.name):
         seed_prototypes(student, teacher, data, cfg, fresh=False)
     assert "would collapse" in caplog.text
     for m in (student, teacher):
