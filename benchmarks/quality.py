@@ -5,16 +5,17 @@ Cases:
   with a successor evaluated (7). Ground truth is planted, cold-start items appear every window. HIR is one of the
   methods (`--no-hir`: the baselines only).
 - `movielens`: the real MovieLens-100K windows (31 with a successor), deep-funnel Recall@20 of warm and cold
-  users averaged over the last 4 windows, and the total evaluation time of all baselines (baselines only).
+  users averaged over the last 4 windows, and the total time. HIR is trained on every window (hir.toml's [train] and
+  [train.movielens], as the asset gets them), with the same content stand-in (`--no-hir`: the baselines only).
 
 Each case materialises its source's `entity_catalog` and `raw_events` into a temporary partition store
 exactly as the assets publish them (not timed). Without HIR it then runs `evaluate_windows` over it (timed: fits,
 scoring, metrics, lift), content vectors being the evaluation's hashed TF-IDF stand-in.
 
-With HIR (the synthetic case by default) it publishes, window by window into the same store, what the pipeline's
+With HIR (the default; `--no-hir` leaves it out) it publishes, window by window into the same store, what the pipeline's
 assets publish for HIR, with the library calls they make: `content_embeddings` (here the hashed TF-IDF stand-in of
 the window's catalogue text, `hir_model.eval.text_vectors`: no model weights), `engagement_graph`
-(`build_window_graph`), `hir_encoder` (`train_window` on `window_train_data`, hir.toml's [train] + [train.synthetic],
+(`build_window_graph`), `hir_encoder` (`train_window` on `window_train_data`, hir.toml's [train] + [train.<source>],
 warm-started from t-1, the checkpoint and metrics.json in the asset's layout) and `entity_embeddings`
 (`embed_window`), for every window but the last (it has no successor to be evaluated on; timed, the `hir_build_s`
 line). It then evaluates every window with a successor exactly as the `window_evaluation` asset does
@@ -28,6 +29,7 @@ is built (no NMI / BoM lines).
     python benchmarks/quality.py --quick    # synthetic at 20k and 80k events/window, the last 8 MovieLens windows
     python benchmarks/quality.py --quick --cases synthetic --no-hir   # the baselines only
     python benchmarks/quality.py --quick --cases synthetic --set steps=20   # HIR trained with a TrainConfig override
+    python benchmarks/quality.py --cases movielens --set steps=48   # HIR on every MovieLens window, one override
     python benchmarks/quality.py --store .hir/storage/movielens   # HIR beside the baselines on a materialised store
 
 `--store` reads a store the pipeline materialised (the demo's: HIR's entity_embeddings, hir_encoder, graph and
@@ -85,13 +87,13 @@ def materialise(source: Source, store: PartitionStore) -> WindowSpec:
     return spec
 
 
-def hir_train_config(overrides: list[str] = ()):
-    """hir_encoder's TrainConfig for the synthetic source: hir.toml's [train] and [train.synthetic] (as the asset gets
-    them), then `overrides` (`field=value`, JSON values)."""
+def hir_train_config(overrides: list[str] = (), source: str = "synthetic"):
+    """hir_encoder's TrainConfig for `source`: hir.toml's [train] and [train.<source>] (as the asset gets them), then
+    `overrides` (`field=value`, JSON values)."""
     from hir_model.config import load_config
     from hir_model.train.config import TrainConfig, parse_overrides, with_overrides
 
-    cfg = with_overrides(TrainConfig(), load_config(env={**os.environ, "HIR_SOURCE": "synthetic"}).train)
+    cfg = with_overrides(TrainConfig(), load_config(env={**os.environ, "HIR_SOURCE": source}).train)
     return with_overrides(cfg, parse_overrides(list(overrides)))
 
 
@@ -268,7 +270,7 @@ def main() -> None:
     parser.add_argument("--cases", default="synthetic,movielens", help="comma-separated: synthetic, movielens")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data", help="holds ml-100k/ (fetched by `make data`)")
     parser.add_argument("--store", type=Path, help="evaluate HIR beside the baselines on this materialised store (and nothing else)")
-    parser.add_argument("--no-hir", action="store_true", help="synthetic cases: the baselines only (no HIR training, embedding, column)")
+    parser.add_argument("--no-hir", action="store_true", help="the baselines only (no HIR training, embedding, column)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a TrainConfig field of HIR's training (JSON value), e.g. --set steps=20")
     args = parser.parse_args()
@@ -276,7 +278,7 @@ def main() -> None:
         run_store(args.store, args.out)
         return
     cases = set(args.cases.split(","))
-    hir = None if args.no_hir else hir_train_config(args.set)
+    hir = None if args.no_hir else hir_train_config(args.set, "synthetic")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if "synthetic" in cases:
@@ -291,7 +293,8 @@ def main() -> None:
             source = MovieLensSource(args.data_dir)
             source.prepare()
             t0 = time.perf_counter()
-            results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None)
+            hir_ml = None if args.no_hir else hir_train_config(args.set, "movielens")
+            results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml)
             movielens_last(results)
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)
 
