@@ -88,7 +88,7 @@ def materialise(source: Source, store: PartitionStore) -> WindowSpec:
     return spec
 
 
-def hir_train_config(overrides: list[str] = (), source: str = "synthetic"):
+def hir_train_config(source: str, overrides: list[str] = ()):
     """hir_encoder's TrainConfig for `source`: hir.toml's [train] and [train.<source>] (as the asset gets them), then
     `overrides` (`field=value`, JSON values)."""
     from hir_model.config import load_config
@@ -129,7 +129,7 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
         t2 = time.perf_counter()
         seconds["graph"] += t2 - t1
         previous = key
-        if key < first:  # before the evaluated windows: the graph only (--quick's MovieLens case trains the last 9)
+        if key < first:  # before the evaluated windows (--quick's MovieLens case): the graph only
             continue
         out = scratch / key / CHECKPOINT_FILE  # hir_encoder: trained beside the store, then committed like the asset does
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -283,7 +283,7 @@ def main() -> None:
         run_store(args.store, args.out)
         return
     cases = set(args.cases.split(","))
-    hir = None if args.no_hir else hir_train_config(args.set, "synthetic")
+    hir = None if args.no_hir else hir_train_config("synthetic", args.set)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if "synthetic" in cases:
@@ -298,7 +298,7 @@ def main() -> None:
             source = MovieLensSource(args.data_dir)
             source.prepare()
             t0 = time.perf_counter()
-            hir_ml = None if args.no_hir else hir_train_config(args.set, "movielens")
+            hir_ml = None if args.no_hir else hir_train_config("movielens", args.set)
             results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml)
             movielens_last(results)
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)
