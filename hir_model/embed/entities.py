@@ -117,7 +117,7 @@ def single_token_batch(graph: Graph, seeds: np.ndarray, cutoff_us: int) -> Sampl
         offsets=np.arange(b + 1, dtype=np.int64), seeds=seeds, node=seeds, hash_codes=np.asarray(graph.nodes.hash_codes)[seeds],
         node_type=np.asarray(graph.nodes.node_type, np.int64)[seeds], depth=np.zeros(b, np.int64),
         ancestors=np.zeros((b, 1), np.int64), edge_type=np.full(b, SELF_EDGE, np.int64), edge_age=np.zeros(b, np.float32),
-        cutoff_us=int(cutoff_us))
+        cutoff_us=int(cutoff_us))  # no strength: the cold-start path knows an entity's id, type and content only
 
 
 def take_sequences(batch: SampledBatch, idx: np.ndarray) -> SampledBatch:
@@ -132,7 +132,7 @@ def take_sequences(batch: SampledBatch, idx: np.ndarray) -> SampledBatch:
     return replace(batch, offsets=offsets, seeds=batch.seeds[idx], node=batch.node[tok], hash_codes=batch.hash_codes[tok],
                    node_type=batch.node_type[tok], depth=batch.depth[tok], ancestors=batch.ancestors[tok],
                    edge_type=batch.edge_type[tok], edge_age=batch.edge_age[tok], content=per_token(batch.content),
-                   has_content=per_token(batch.has_content))
+                   has_content=per_token(batch.has_content), strength=per_token(batch.strength))
 
 
 def length_sorted_batches(graph: Graph, seeds: np.ndarray, cutoff_us: int, view: ViewConfig, config: EmbedConfig,

@@ -33,6 +33,7 @@ import torch
 
 from hir_model.content import to_matrix
 from hir_model.embed import DEFAULT_VIEW, EntityEmbeddings, trained_view
+from hir_model.graph.build import GraphConfig
 from hir_model.graph.csr import Graph
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
@@ -43,6 +44,7 @@ from hir_model.nn import collate
 from hir_model.train.checkpoint import TrainedModel
 
 US = 1_000_000
+GRAPH_WEIGHTS = GraphConfig()  # the stage weights a cold user's context would carry in the graph
 USER_TYPE, ITEM_TYPE = NODE_TYPES.index("user"), NODE_TYPES.index("product")
 CLICK_EDGE, PURCHASE_EDGE = EDGE_TYPES.index("click"), EDGE_TYPES.index("purchase")
 
@@ -246,10 +248,15 @@ class HIR:
             parts.append(_Tokens.concat(toks).bfs())
             offsets.append(offsets[-1] + base)
         seq = _Tokens.concat(parts)
+        strength = a.graph.strength_at(seq.node, a.end_us) if a.graph is not None else np.zeros(len(seq.node), np.float32)
+        # the user's own token: the engagement weight of its context, as the graph would hold it (stage weights, undecayed)
+        stage = np.where(queries.context_deep, GRAPH_WEIGHTS.purchase, GRAPH_WEIGHTS.click)
+        strength[np.asarray(offsets[:-1], np.int64)] = np.bincount(ctx.row_of, weights=stage, minlength=len(queries))
         return SampledBatch(offsets=np.asarray(offsets, np.int64), seeds=np.full(len(queries), -1, np.int64), node=seq.node,
                             hash_codes=seq.codes, node_type=seq.node_type, depth=seq.depth, ancestors=seq.ancestors,
                             edge_type=seq.edge_type, edge_age=seq.edge_age.astype(np.float32), cutoff_us=a.end_us,
-                            content=seq.content if self.content_dim else None, has_content=seq.has if self.content_dim else None)
+                            content=seq.content if self.content_dim else None, has_content=seq.has if self.content_dim else None,
+                            strength=strength)
 
     @torch.inference_mode()
     def _encode(self, batch: SampledBatch) -> np.ndarray:
@@ -262,7 +269,8 @@ class HIR:
             part = SampledBatch(batch.offsets[lo:hi + 1] - a, batch.seeds[lo:hi], batch.node[a:b], batch.hash_codes[a:b],
                                 batch.node_type[a:b], batch.depth[a:b], batch.ancestors[a:b], batch.edge_type[a:b],
                                 batch.edge_age[a:b], batch.cutoff_us, None if batch.content is None else batch.content[a:b],
-                                None if batch.has_content is None else batch.has_content[a:b])
+                                None if batch.has_content is None else batch.has_content[a:b],
+                                None if batch.strength is None else batch.strength[a:b])
             out.append(model.encoder(collate(part), model.global_tokens).float().cpu().numpy())  # (b, W)
         return np.concatenate(out) if out else np.zeros((0, self.width), np.float32)
 

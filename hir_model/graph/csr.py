@@ -95,6 +95,24 @@ class Graph:
     def num_edges(self) -> int:
         return len(self.neighbours)
 
+    @cached_property
+    def strength(self) -> np.ndarray:
+        """float32 [N]: each node's decayed engagement as of `as_of_us`, the sum of its engagement edges' weights (0 for a
+        node with none: structural and knowledge-graph nodes, never-engaged entities). A film's is its decayed popularity."""
+        return self.strength_until(self.as_of_us)
+
+    def strength_until(self, cutoff_us: int) -> np.ndarray:
+        """`strength` over the engagement edges whose last event is at or before `cutoff_us` only."""
+        keep = IS_ENGAGEMENT[self.edge_type.astype(np.int64)] & (np.asarray(self.last_ts) <= cutoff_us)
+        return np.bincount(self.src()[keep], weights=np.asarray(self.weight, np.float64)[keep],
+                           minlength=self.num_nodes).astype(np.float32)
+
+    def strength_at(self, node: np.ndarray, cutoff_us: int) -> np.ndarray:
+        """float32 [T]: the strength of `node` (-1: none, 0) as of `cutoff_us` (nothing later: causal like the sampler)."""
+        s = self.strength if cutoff_us >= self.as_of_us else self.strength_until(cutoff_us)
+        node = np.asarray(node, np.int64)
+        return np.where(node >= 0, s[np.maximum(node, 0)], 0.0).astype(np.float32)
+
     def degrees(self) -> np.ndarray:
         return np.diff(self.indptr)  # int64 [N], out-degree (= in-degree: every edge has its reverse)
 

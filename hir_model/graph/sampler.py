@@ -230,7 +230,7 @@ def _assemble(graph: Graph, seeds: np.ndarray, cutoff_us: int, depth_max: int, s
     return SampledBatch(
         offsets=offsets, seeds=seeds, node=nodes, hash_codes=np.asarray(graph.nodes.hash_codes)[nodes],
         node_type=np.asarray(graph.nodes.node_type, np.int64)[nodes], depth=depth[order], ancestors=ancestors[order],
-        edge_type=etype[order], edge_age=age[order], cutoff_us=cutoff_us)
+        edge_type=etype[order], edge_age=age[order], cutoff_us=cutoff_us, strength=graph.strength_at(nodes, cutoff_us))
 
 
 def sample_views(graph: Graph, seeds: np.ndarray, cutoff_us: int, rng: np.random.Generator,

@@ -49,6 +49,11 @@ class TrainConfig:
     distill_weight: float = 1.0  # weight of the cross-view distillation term
     engagement_weight: float = 1.0  # weight of the contrastive user-entity term
     engagement_temp: float = 0.1  # InfoNCE temperature on cosine similarities
+    logq_correction: bool = False  # subtract each in-batch candidate's log draw probability from its InfoNCE logit (Yi et
+    # al. 2019): pairs are drawn by frequency, so uncorrected the term learns engagement over popularity (on in hir.toml
+    # for MovieLens, where popularity is most of what users rate next)
+    centre_users: bool = True  # subtract the user type's mean readout too (off: users keep the direction they share, where
+    # a preference for what everyone engages with lives; the other types are centred either way)
     swap_weight: float = 0.0  # swapped prediction over engagement pairs: the student's user predicts the teacher's code of
     # the entity it engaged with, and the entity its user's (SwAV's swap, the pair as two views of one interest)
     global_tokens: bool = True  # feed the coarse levels' prototypes (all but the finest) to the encoder as global tokens
@@ -101,7 +106,7 @@ class TrainConfig:
             v = dict(d[view])
             v["fanout"] = tuple(v["fanout"])
             d[view] = ViewConfig(**v)
-        d["encoder"] = EncoderConfig(**d["encoder"])
+        d["encoder"] = EncoderConfig(**{"strength_buckets": 0, **d["encoder"]})  # configs from before it had none
         return cls(**d)
 
 

@@ -4,6 +4,7 @@ active nodes; and the per-step seed and view sampling (deterministic by (seed, s
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,14 @@ class TrainData:
     pair_prob: np.ndarray  # float64 [P] draw probability (deeper funnel stages weighted up)
     content: np.ndarray | None = None  # float32 [N, C] content vector per node (0 where missing)
     has_content: np.ndarray | None = None  # bool [N]
+
+    @cached_property
+    def pair_log_q(self) -> np.ndarray:
+        """float64 [2, P]: log of the probability that a drawn pair's user (row 0) / entity (row 1) is this pair's."""
+        n = self.graph.num_nodes
+        q_user = np.bincount(self.pair_user, weights=self.pair_prob, minlength=n)
+        q_entity = np.bincount(self.pair_entity, weights=self.pair_prob, minlength=n)
+        return np.log(np.stack([q_user[self.pair_user], q_entity[self.pair_entity]]))
 
     @property
     def content_dim(self) -> int:
@@ -114,6 +123,8 @@ def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
     cut = {f: getattr(batch, f)[keep] for f in ("node", "hash_codes", "node_type", "depth", "ancestors", "edge_type", "edge_age")}
     if batch.content is not None:
         cut.update(content=batch.content[keep], has_content=batch.has_content[keep])
+    if batch.strength is not None:
+        cut.update(strength=batch.strength[keep])
     return replace(batch, offsets=offsets, **cut)
 
 
@@ -124,6 +135,7 @@ class StepBatch:
     broad: SampledBatch  # the teacher's view of the same seeds
     pairs: int  # P: seeds[:P] are users, seeds[P:2P] their entities
     sign: np.ndarray  # int64 [P]
+    log_q: np.ndarray | None = None  # float64 [2, P] log draw probability of each pair's user and entity (cfg.logq_correction)
 
 
 def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int) -> StepBatch:
@@ -139,7 +151,8 @@ def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int) -> Step
     if cfg.cold_share > 0:  # DropoutNet-style: the student sees some entities as if new, the teacher their history
         engageable = np.isin(np.asarray(data.graph.nodes.node_type, np.int64)[seeds], ENGAGEABLE_CODES)
         narrow = seed_only(narrow, engageable & (rng.random(len(seeds)) < cfg.cold_share))
-    return StepBatch(narrow, broad, p, data.pair_sign[idx])
+    log_q = data.pair_log_q[:, idx] if cfg.logq_correction and p else None
+    return StepBatch(narrow, broad, p, data.pair_sign[idx], log_q)
 
 
 def view_of(data: TrainData, nodes: np.ndarray, cfg: TrainConfig, seed: int, broad: bool = True) -> SampledBatch:

@@ -90,20 +90,26 @@ class DistillationLoss(nn.Module):
         return torch.stack(terms).mean()
 
 
-def engagement_loss(users: Tensor, entities: Tensor, sign: Tensor, temp: float) -> Tensor:
+def engagement_loss(users: Tensor, entities: Tensor, sign: Tensor, temp: float, log_q: Tensor | None = None) -> Tensor:
     """Contrastive user-entity objective on L2-normalised embeddings.
 
     users, entities: (P, W), row i is one pair from the window's events; sign: (P,) +1 positive, -1 explicit
     negative (`not_interested`). Positives: symmetric InfoNCE with the batch's other entities (users) as
     negatives. Explicit negatives: softplus(cos / temp) pushes their similarity below zero. Deeper funnel stages
-    are weighted up upstream, by drawing their pairs more often (hir_model.train.data).
+    are weighted up upstream, by drawing their pairs more often (hir_model.train.data). log_q: (2, P) log draw
+    probability of each pair's user and entity; given, each candidate's logit is lowered by its own (the logQ
+    correction of a sampled softmax), so frequently drawn candidates are not pushed down for being frequent.
     """
     pos, neg = sign > 0, sign < 0
     total = users.new_zeros(())
     if pos.any():
         logits = users[pos] @ entities[pos].T / temp  # (P+, P+)
         labels = torch.arange(logits.shape[0], device=logits.device)
-        total = total + (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+        if log_q is None:
+            total = total + (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+        else:
+            lq = log_q[:, pos]
+            total = total + (F.cross_entropy(logits - lq[1][None, :], labels) + F.cross_entropy(logits.T - lq[0][None, :], labels)) / 2
     if neg.any():
         total = total + F.softplus((users[neg] * entities[neg]).sum(-1) / temp).mean() * temp
     return total

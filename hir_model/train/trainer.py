@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hir_model.graph.types import NODE_TYPES
 from hir_model.nn import collate
 from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
@@ -120,13 +121,16 @@ def _load_into(payload: dict, student: HIRModel, teacher: HIRModel, loss_fn: Dis
 
 
 @torch.no_grad()
-def recentre(student: HIRModel, teacher: HIRModel, centre: Tensor, momentum: float) -> None:
+def recentre(student: HIRModel, teacher: HIRModel, centre: Tensor, momentum: float, centre_users: bool = True) -> None:
     """Keep the readout centred per seed type while training: `centre` (types, W + 1) holds the teacher's readout sums
     and counts per seed type over the global batch, and each type's out_mean absorbs (1 - momentum) of its mean (types
     absent from the batch keep theirs). Set once at the start, the centre drifted: by MovieLens window 4 the common
-    direction was back and every node chose one coarse prototype (usage entropy 0.0)."""
+    direction was back and every node chose one coarse prototype (usage entropy 0.0). Without `centre_users` the user
+    type's row is left as it is (TrainConfig.centre_users)."""
     count = centre[:, -1:]
     step = torch.where(count > 0, centre[:, :-1] / count.clamp_min(1), torch.zeros_like(centre[:, :-1]))
+    if not centre_users:
+        step[NODE_TYPES.index("user")] = 0
     for m in (student, teacher):
         m.encoder.out_mean.add_(step.to(m.encoder.out_mean.device), alpha=1 - momentum)
 
@@ -151,7 +155,7 @@ def centre_inputs_and_readout(student: HIRModel, teacher: HIRModel, data: TrainD
     h = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 4, readout=True)  # (M, W)
     centre = torch.zeros(teacher.encoder.out_mean.shape[0], h.shape[1] + 1)
     add_to_centre(centre, h, torch.from_numpy(data.graph.nodes.node_type[nodes].astype(np.int64)))
-    recentre(student, teacher, centre, 0.0)
+    recentre(student, teacher, centre, 0.0, cfg.centre_users)
 
 
 def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, batches: list,
@@ -174,7 +178,8 @@ def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss
             distill = loss_fn.distill(s_scores, mine)
             cons = loss_fn.consistency(s_scores, list(student.prototypes))
             p, sign = sb.pairs, torch.from_numpy(sb.sign).to(device)
-            eng = engagement_loss(z[:p], z[p:2 * p], sign, cfg.engagement_temp) if p else z.new_zeros(())
+            log_q = None if sb.log_q is None else torch.from_numpy(sb.log_q).to(device, torch.float32)
+            eng = engagement_loss(z[:p], z[p:2 * p], sign, cfg.engagement_temp, log_q) if p else z.new_zeros(())
             loss = cfg.distill_weight * distill + cfg.consistency_weight * cons + cfg.engagement_weight * eng
             swap = loss_fn.swap(s_scores, mine, p, sign) if cfg.swap_weight else z.new_zeros(())
             loss = loss + cfg.swap_weight * swap
@@ -271,7 +276,7 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
         torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
         opt.step()
         ema_update(teacher, student, float(moms[s]))
-        recentre(student, teacher, all_reduce_sum(centre), cfg.centre_momentum)
+        recentre(student, teacher, all_reduce_sum(centre), cfg.centre_momentum, cfg.centre_users)
         losses.append(total)
         for k, v in zip(parts, acc[1:]):  # swap last: left out when off
             parts[k].append(_all_reduce_mean(float(v), device))

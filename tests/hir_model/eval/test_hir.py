@@ -13,6 +13,7 @@ from hir_model.eval.hir import HIR, HIRMethodConfig, load_artefacts
 from hir_model.eval.publish import EVALUATION_ASSET, STATE_FILE, read_evaluation, save_states, summary_table
 from hir_model.eval.run import EvalConfig, TableReader, load_split
 from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
+from hir_model.graph.build import GraphConfig
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.types import EDGE_TYPES, NODE_TYPES
 from hir_model.graph.window import to_us
@@ -55,6 +56,9 @@ def test_a_cold_users_sequence_is_their_context_over_graph_t(store):
     assert (batch.ancestors[:, 0] == 0).all() and (batch.ancestors[below, 1] == 1).all()
     own = batch.ancestors[np.arange(len(batch.depth)), batch.depth]  # a token's ancestor at its own depth is itself
     assert (np.diff(batch.depth) >= 0).all() and (own == np.arange(len(batch.depth))).all()
+    # strength: the graph's own for graph(t) tokens; the user's from its context (one click: the click stage weight)
+    np.testing.assert_allclose(batch.strength[1:], graph.strength_at(batch.node[1:], hir.artefacts.end_us))
+    assert batch.strength[1] > 0 and batch.strength[0] == GraphConfig().click
     collate(batch)  # a valid encoder batch
 
 

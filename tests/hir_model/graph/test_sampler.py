@@ -139,3 +139,16 @@ def test_views_share_seeds_and_sampling_is_reproducible():
     assert all(np.array_equal(a.node, b.node) and np.array_equal(a.edge_type, b.edge_type) for a, b in zip((narrow, broad), again))
     with pytest.raises(IndexError):
         sample(graph, [graph.num_nodes], AS_OF, NARROW, np.random.default_rng(0))
+
+
+def test_strength_sums_engagement_weights_as_of_the_cutoff_and_travels_with_the_tokens():
+    ts = np.array([AS_OF - 40 * DAY_US, AS_OF - 2 * DAY_US, AS_OF - 40 * DAY_US, AS_OF - DAY_US])
+    graph = star([1.0, 2.0, 5.0, 4.0], types=["click", "click", "parent", "purchase"], ts=ts)
+    # node 0: its three engagement edges (the parent fact is structural); leaves: their one edge's weight (reverse edge)
+    np.testing.assert_allclose(graph.strength, [7.0, 1.0, 2.0, 0.0, 4.0])
+    early = AS_OF - 3 * DAY_US  # the click 2 days ago and the purchase a day ago come later: not counted
+    np.testing.assert_allclose(graph.strength_at(np.array([0, 2, 4, -1]), early), [1.0, 0.0, 0.0, 0.0])
+    batch = sample(graph, np.zeros(4, np.int64), early, BROAD, np.random.default_rng(0))
+    np.testing.assert_allclose(batch.strength, graph.strength_at(batch.node, early))
+    batch = sample(graph, np.zeros(4, np.int64), AS_OF, BROAD, np.random.default_rng(0))
+    np.testing.assert_allclose(batch.strength, graph.strength[batch.node])

@@ -7,7 +7,7 @@ import torch
 from hir_model.graph.hashing import HashConfig, hash_codes
 from hir_model.nn.batch import collate
 from hir_model.nn.config import EncoderConfig
-from hir_model.nn.embedding import DeepHashEmbedding, TokenEmbedding
+from hir_model.nn.embedding import DeepHashEmbedding, TokenEmbedding, strength_bucket
 from tests.hir_model.nn.random_batches import random_batch
 
 
@@ -43,7 +43,7 @@ def test_token_embedding_uses_content_where_present_and_the_no_content_vector_el
     batch = collate(random_batch(np.random.default_rng(1), [6, 3], content_dim=4)[0])
     with torch.no_grad():
         x = embed(batch)
-        base = embed.ids(batch.hash_codes) + embed.types(batch.node_type)
+        base = embed.ids(batch.hash_codes) + embed.types(batch.node_type) + embed.strength.weight[0]  # no strength: bucket 0
         content = embed.content(batch.content)
     assert x.shape == (2, 6, cfg.width)
     has = batch.has_content
@@ -56,4 +56,25 @@ def test_token_embedding_without_content_config():
     batch = collate(random_batch(np.random.default_rng(2), [2], content_dim=4)[0])  # content is ignored
     assert embed.content is None
     with torch.no_grad():
-        torch.testing.assert_close(embed(batch), embed.ids(batch.hash_codes) + embed.types(batch.node_type) + embed.no_content)
+        torch.testing.assert_close(embed(batch), embed.ids(batch.hash_codes) + embed.types(batch.node_type) + embed.no_content
+                                   + embed.strength.weight[0])
+
+
+def test_strength_buckets_are_log2_from_one_with_zero_for_none():
+    s = torch.tensor([0.0, -1.0, 1e-9, 2.0 ** -8, 0.9, 1.0, 3.0, 1e9])
+    assert strength_bucket(s, 24).tolist() == [0, 0, 1, 1, 8, 9, 10, 23]
+
+
+def test_token_strength_moves_the_embedding_and_old_configs_have_none():
+    from dataclasses import replace as dc_replace
+    from hir_model.train.config import TrainConfig
+    embed = TokenEmbedding(EncoderConfig())
+    sampled = random_batch(np.random.default_rng(3), [4])[0]
+    with torch.no_grad():
+        none = embed(collate(sampled))
+        some = embed(collate(dc_replace(sampled, strength=np.full(len(sampled.node), 3.0, np.float32))))
+        torch.testing.assert_close(some - none, (embed.strength.weight[10] - embed.strength.weight[0]).expand_as(some))
+    old = TrainConfig().to_dict()
+    del old["encoder"]["strength_buckets"]  # a checkpoint's config from before the strength embedding
+    assert TrainConfig.from_dict(old).encoder.strength_buckets == 0
+    assert TokenEmbedding(EncoderConfig(strength_buckets=0)).strength is None

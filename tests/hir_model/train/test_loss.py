@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,3 +102,25 @@ def test_a_config_with_fields_from_a_newer_version_is_refused_by_name():
     d["future_knob"] = 1
     with pytest.raises(ValueError, match=r"does not know: \['future_knob'\]"):
         TrainConfig.from_dict(d)
+
+
+def test_logq_correction_subtracts_each_sides_draw_log_probability_from_the_logits():
+    u, e = F.normalize(torch.tensor([[1.0, 0.2], [0.3, 1.0]]), dim=-1), F.normalize(torch.tensor([[1.0, 0.0], [0.5, 1.0]]), dim=-1)
+    sign = torch.ones(2)
+    flat = torch.log(torch.full((2, 2), 0.5))
+    torch.testing.assert_close(engagement_loss(u, e, sign, 0.1, flat), engagement_loss(u, e, sign, 0.1))  # a constant shift
+    log_q = torch.log(torch.tensor([[0.3, 0.7], [0.9, 0.1]]))  # rows: the users' draw probabilities, the entities'
+    logits = u @ e.T / 0.1
+    expected = (F.cross_entropy(logits - log_q[1][None, :], torch.arange(2))
+                + F.cross_entropy(logits.T - log_q[0][None, :], torch.arange(2))) / 2
+    torch.testing.assert_close(engagement_loss(u, e, sign, 0.1, log_q), expected)
+
+
+def test_a_pairs_log_q_is_the_draw_probability_of_its_user_and_of_its_entity():
+    from tests.hir_model.train.tiny import tiny_data
+    data, _ = tiny_data()
+    i = 0
+    same_user, same_entity = data.pair_user == data.pair_user[i], data.pair_entity == data.pair_entity[i]
+    expected = np.log([data.pair_prob[same_user].sum(), data.pair_prob[same_entity].sum()])
+    np.testing.assert_allclose(data.pair_log_q[:, i], expected)
+    assert data.pair_log_q.shape == (2, len(data.pair_user)) and (data.pair_log_q <= 0).all()

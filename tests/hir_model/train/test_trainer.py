@@ -173,6 +173,7 @@ def test_a_warm_start_keeps_its_prototypes_when_the_refined_ones_would_collapse_
 
     data, _ = tiny_data()
     cfg = tiny_config(refine_iters=20)
+    torch.manual_seed(0)  # a fresh start whose coarse level is not already on one prototype (the guard compares with it)
     student = HIRModel(cfg)
     teacher = make_teacher(student)
     seed_prototypes(student, teacher, data, cfg, fresh=True)  # a fresh model's start: k-means of the embeddings
@@ -204,6 +205,25 @@ def test_a_fresh_readout_is_centred_per_node_type():
     for t in np.unique(types):
         assert float(h[types == t].mean(0).norm()) < 1e-4 * float(h[types == t].norm(dim=1).mean()), NODE_TYPES[t]
     torch.testing.assert_close(student.encoder.out_mean, teacher.encoder.out_mean)
+
+
+def test_without_centre_users_the_user_readout_keeps_its_mean(tmp_path):
+    """centre_users=False: every other seed type is centred, users keep the direction they share (where a popularity
+    preference lives)."""
+    from hir_model.train.trainer import centre_inputs_and_readout
+    data, _ = tiny_data()
+    cfg = tiny_config(centre_users=False, logq_correction=True)  # MovieLens's settings
+    batch = step_batch(data, cfg, 0, 0)
+    assert batch.log_q.shape == (2, batch.pairs) and np.isfinite(batch.log_q).all()
+    student = HIRModel(cfg)
+    teacher = make_teacher(student)
+    centre_inputs_and_readout(student, teacher, data, cfg)
+    out_mean = teacher.encoder.out_mean
+    assert float(out_mean[NODE_TYPES.index("user")].norm()) == 0 and float(out_mean[NODE_TYPES.index("product")].norm()) > 0.1
+    result = train_window(data, cfg, out=tmp_path / "w.pt")  # and so it stays while training re-centres the others
+    assert np.isfinite(result.parts["engagement"]).all()
+    trained = load_trained_model(tmp_path / "w.pt").encoder.out_mean
+    assert float(trained[NODE_TYPES.index("user")].norm()) == 0 and float(trained[NODE_TYPES.index("product")].norm()) > 0.1
 
 
 def test_an_encoder_saved_with_one_shared_readout_mean_still_loads():
