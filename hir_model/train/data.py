@@ -123,8 +123,8 @@ def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
     cut = {f: getattr(batch, f)[keep] for f in ("node", "hash_codes", "node_type", "depth", "ancestors", "edge_type", "edge_age")}
     if batch.content is not None:
         cut.update(content=batch.content[keep], has_content=batch.has_content[keep])
-    if batch.strength is not None:
-        cut.update(strength=batch.strength[keep])
+    if batch.strength is not None:  # a never-engaged entity has none: the flagged seeds lose theirs too
+        cut.update(strength=np.where(np.asarray(which, bool)[owner], 0.0, batch.strength).astype(np.float32)[keep])
     return replace(batch, offsets=offsets, **cut)
 
 
