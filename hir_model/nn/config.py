@@ -22,8 +22,9 @@ class EncoderConfig:
     hash_buckets: int = HashConfig.buckets  # codes (in [0, buckets)) are scaled to [-1, 1]; a constant, not a vocabulary size
     hash_hidden: int = 256  # width of the DHE MLP's hidden layers
     content_dim: int = 0  # C: content vector size (0: the batches carry none)
-    strength_buckets: int = 24  # log2 buckets of a token's decayed engagement (Graphormer's centrality encoding): bucket 0
-    # for none, 1 .. for 2^-8 and up (0: no strength embedding, as checkpoints from before it)
+    strength_buckets: int = 0  # log2 buckets of a token's decayed engagement (Graphormer's centrality encoding): bucket 0
+    # for none, 1 .. for 2^-8 and up; 0: no strength embedding. Opt-in (24 is the measured setting): with it and
+    # MovieLens's popularity settings the demo's BoM recall check failed (README, Training)
     # structural bias tables (per head)
     node_types: int = len(NODE_TYPES)  # real node types; the bias tables add one more for global tokens
     edge_types: int = len(EDGE_TYPES)

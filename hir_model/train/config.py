@@ -50,8 +50,8 @@ class TrainConfig:
     engagement_weight: float = 1.0  # weight of the contrastive user-entity term
     engagement_temp: float = 0.1  # InfoNCE temperature on cosine similarities
     logq_correction: bool = False  # subtract each in-batch candidate's log draw probability from its InfoNCE logit (Yi et
-    # al. 2019): pairs are drawn by frequency, so uncorrected the term learns engagement over popularity (on in hir.toml
-    # for MovieLens, where popularity is most of what users rate next)
+    # al. 2019): pairs are drawn by frequency, so uncorrected the term learns engagement over popularity (opt-in, README
+    # Training: with it, centre_users off and the strength token, MovieLens's demo failed its BoM recall check)
     centre_users: bool = True  # subtract the user type's mean readout too (off: users keep the direction they share, where
     # a preference for what everyone engages with lives; the other types are centred either way)
     swap_weight: float = 0.0  # swapped prediction over engagement pairs: the student's user predicts the teacher's code of
@@ -111,11 +111,18 @@ class TrainConfig:
 
 
 def with_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
-    """cfg with the given top-level fields replaced (lists become tuples); unknown names raise a ValueError naming them."""
+    """cfg with the given top-level fields replaced (lists become tuples); `encoder` may be a dict of EncoderConfig fields
+    to replace (e.g. {"strength_buckets": 24}); unknown names raise a ValueError naming them."""
     unknown = sorted(set(overrides) - set(TrainConfig.__dataclass_fields__))
     if unknown:
         raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(TrainConfig.__dataclass_fields__)}")
-    return replace(cfg, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    if isinstance(values.get("encoder"), dict):
+        bad = sorted(set(values["encoder"]) - set(EncoderConfig.__dataclass_fields__))
+        if bad:
+            raise ValueError(f"unknown EncoderConfig fields {bad}; known: {sorted(EncoderConfig.__dataclass_fields__)}")
+        values["encoder"] = replace(cfg.encoder, **values["encoder"])
+    return replace(cfg, **values)
 
 
 def parse_overrides(pairs: list[str]) -> dict:

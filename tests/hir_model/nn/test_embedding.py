@@ -38,7 +38,7 @@ def test_deep_hash_codes_are_scaled_to_unit_interval_even_if_negative():
 
 
 def test_token_embedding_uses_content_where_present_and_the_no_content_vector_elsewhere():
-    cfg = EncoderConfig(content_dim=4)
+    cfg = EncoderConfig(content_dim=4, strength_buckets=24)
     embed = TokenEmbedding(cfg)
     batch = collate(random_batch(np.random.default_rng(1), [6, 3], content_dim=4)[0])
     with torch.no_grad():
@@ -52,7 +52,7 @@ def test_token_embedding_uses_content_where_present_and_the_no_content_vector_el
 
 
 def test_token_embedding_without_content_config():
-    embed = TokenEmbedding(EncoderConfig())
+    embed = TokenEmbedding(EncoderConfig(strength_buckets=24))
     batch = collate(random_batch(np.random.default_rng(2), [2], content_dim=4)[0])  # content is ignored
     assert embed.content is None
     with torch.no_grad():
@@ -67,14 +67,17 @@ def test_strength_buckets_are_log2_from_one_with_zero_for_none():
 
 def test_token_strength_moves_the_embedding_and_old_configs_have_none():
     from dataclasses import replace as dc_replace
-    from hir_model.train.config import TrainConfig
-    embed = TokenEmbedding(EncoderConfig())
+    from hir_model.train.config import TrainConfig, with_overrides
+    embed = TokenEmbedding(EncoderConfig(strength_buckets=24))
     sampled = random_batch(np.random.default_rng(3), [4])[0]
     with torch.no_grad():
         none = embed(collate(sampled))
         some = embed(collate(dc_replace(sampled, strength=np.full(len(sampled.node), 3.0, np.float32))))
         torch.testing.assert_close(some - none, (embed.strength.weight[10] - embed.strength.weight[0]).expand_as(some))
-    old = TrainConfig().to_dict()
+    old = with_overrides(TrainConfig(), {"encoder": {"strength_buckets": 24}}).to_dict()
+    assert TrainConfig.from_dict(old).encoder.strength_buckets == 24
     del old["encoder"]["strength_buckets"]  # a checkpoint's config from before the strength embedding
     assert TrainConfig.from_dict(old).encoder.strength_buckets == 0
     assert TokenEmbedding(EncoderConfig(strength_buckets=0)).strength is None
+    with pytest.raises(ValueError, match="strength_bucket"):
+        with_overrides(TrainConfig(), {"encoder": {"strength_bucket": 24}})
