@@ -101,6 +101,10 @@ class Graph:
         node with none: structural and knowledge-graph nodes, never-engaged entities). A film's is its decayed popularity."""
         return self.strength_until(self.as_of_us)
 
+    @cached_property
+    def _strength_by_cutoff(self) -> dict[int, np.ndarray]:
+        return {}
+
     def strength_until(self, cutoff_us: int) -> np.ndarray:
         """`strength` over the engagement edges whose last event is at or before `cutoff_us` only."""
         keep = IS_ENGAGEMENT[self.edge_type.astype(np.int64)] & (np.asarray(self.last_ts) <= cutoff_us)
@@ -109,7 +113,12 @@ class Graph:
 
     def strength_at(self, node: np.ndarray, cutoff_us: int) -> np.ndarray:
         """float32 [T]: the strength of `node` (-1: none, 0) as of `cutoff_us` (nothing later: causal like the sampler)."""
-        s = self.strength if cutoff_us >= self.as_of_us else self.strength_until(cutoff_us)
+        if cutoff_us >= self.as_of_us:
+            s = self.strength
+        else:  # an O(E) pass: once per earlier cutoff, not once per sampled batch
+            s = self._strength_by_cutoff.get(cutoff_us)
+            if s is None:
+                s = self._strength_by_cutoff.setdefault(cutoff_us, self.strength_until(cutoff_us))
         node = np.asarray(node, np.int64)
         return np.where(node >= 0, s[np.maximum(node, 0)], 0.0).astype(np.float32)
 
