@@ -95,7 +95,7 @@ class Graph:
     def num_edges(self) -> int:
         return len(self.neighbours)
 
-    @cached_property
+    @property
     def strength(self) -> np.ndarray:
         """float32 [N]: each node's decayed engagement as of `as_of_us`, the sum of its engagement edges' weights (0 for a
         node with none: structural and knowledge-graph nodes, never-engaged entities). A film's is its decayed popularity."""
@@ -106,21 +106,19 @@ class Graph:
         return {}
 
     def strength_until(self, cutoff_us: int) -> np.ndarray:
-        """`strength` over the engagement edges whose last event is at or before `cutoff_us` only."""
-        keep = IS_ENGAGEMENT[self.edge_type.astype(np.int64)] & (np.asarray(self.last_ts) <= cutoff_us)
-        return np.bincount(self.src()[keep], weights=np.asarray(self.weight, np.float64)[keep],
-                           minlength=self.num_nodes).astype(np.float32)
+        """`strength` over the engagement edges whose last event is at or before `cutoff_us` only; an O(E) pass once per
+        cutoff (the sampler asks on every batch)."""
+        key = min(int(cutoff_us), self.as_of_us)  # every edge is before as_of: later cutoffs are the same
+        if key not in self._strength_by_cutoff:
+            keep = IS_ENGAGEMENT[self.edge_type.astype(np.int64)] & (np.asarray(self.last_ts) <= key)
+            self._strength_by_cutoff[key] = np.bincount(self.src()[keep], weights=np.asarray(self.weight, np.float64)[keep],
+                                                        minlength=self.num_nodes).astype(np.float32)
+        return self._strength_by_cutoff[key]
 
     def strength_at(self, node: np.ndarray, cutoff_us: int) -> np.ndarray:
         """float32 [T]: the strength of `node` (-1: none, 0) as of `cutoff_us` (nothing later: causal like the sampler)."""
-        if cutoff_us >= self.as_of_us:
-            s = self.strength
-        else:  # an O(E) pass: once per earlier cutoff, not once per sampled batch
-            s = self._strength_by_cutoff.get(cutoff_us)
-            if s is None:
-                s = self._strength_by_cutoff.setdefault(cutoff_us, self.strength_until(cutoff_us))
         node = np.asarray(node, np.int64)
-        return np.where(node >= 0, s[np.maximum(node, 0)], 0.0).astype(np.float32)
+        return np.where(node >= 0, self.strength_until(cutoff_us)[np.maximum(node, 0)], 0.0).astype(np.float32)
 
     def degrees(self) -> np.ndarray:
         return np.diff(self.indptr)  # int64 [N], out-degree (= in-degree: every edge has its reverse)

@@ -44,6 +44,11 @@ class EncoderConfig:
         if self.max_depth < 0 or self.age_buckets < 1 or self.hash_codes < 1 or self.hash_buckets < 2:
             raise ValueError("max_depth >= 0, age_buckets >= 1, hash_codes >= 1 and hash_buckets >= 2 are required")
 
+    @classmethod
+    def from_dict(cls, d: dict) -> EncoderConfig:
+        """A saved config; one written before the strength token had none (strength_buckets 0)."""
+        return cls(**{"strength_buckets": 0, **d})
+
     @property
     def head_dim(self) -> int:
         return self.width // self.heads

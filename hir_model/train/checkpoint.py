@@ -79,7 +79,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 def load_trained_model(path: str | Path, map_location: str | torch.device = "cpu") -> TrainedModel:
     payload = load_checkpoint(path, map_location)
-    encoder = Encoder(EncoderConfig(**{"strength_buckets": 0, **payload["config"]}))  # configs from before it had none
+    encoder = Encoder(EncoderConfig.from_dict(payload["config"]))
     encoder.load_state_dict(payload["model"])
     encoder.eval()
     return TrainedModel(encoder, tuple(payload["prototypes"]), payload["step"], payload["version"], payload.get("window", ""),

@@ -106,7 +106,7 @@ class TrainConfig:
             v = dict(d[view])
             v["fanout"] = tuple(v["fanout"])
             d[view] = ViewConfig(**v)
-        d["encoder"] = EncoderConfig(**{"strength_buckets": 0, **d["encoder"]})  # configs from before it had none
+        d["encoder"] = EncoderConfig.from_dict(d["encoder"])
         return cls(**d)
 
 
