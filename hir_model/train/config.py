@@ -41,6 +41,9 @@ class TrainConfig:
     # cold-start training; off: at 0.25 the synthetic items crowded onto 30 of 52 primitives and BoM recall@100 at a tenth
     # of the catalogue fell from 0.945 to 0.837, benchmarks/retrieval.py)
     refine_iters: int = 10  # warm start: spherical k-means steps moving each level's prototypes to its centroids (0: they stay as trained)
+    prototype_restarts: int = 4  # warm start: fresh spherical k-means runs per level, one taken over the refined prototypes
+    # only where it fits the teacher's embeddings better by more than restart_gain (hir_model.train.prototypes.restarted)
+    restart_gain: float = 0.01  # mean cosine to the nearest prototype
     centre_momentum: float = 0.9  # EMA momentum of the readout centre (hir_model.train.trainer.recentre)
     sinkhorn_eps: float = 0.05  # entropic regularisation of the balanced teacher targets (SwAV's epsilon)
     sinkhorn_iters: int = 3  # Sinkhorn-Knopp iterations
@@ -77,8 +80,8 @@ class TrainConfig:
             raise ValueError(f"levels must be >= 2 prototypes each, coarse to fine (non-decreasing), got {self.levels}")
         if self.batch_size % (2 * self.shards):
             raise ValueError(f"batch_size {self.batch_size} must be a multiple of 2 * shards ({2 * self.shards})")
-        if self.refine_iters < 0:
-            raise ValueError(f"refine_iters must be >= 0, got {self.refine_iters}")
+        if self.refine_iters < 0 or self.prototype_restarts < 0:
+            raise ValueError(f"refine_iters and prototype_restarts must be >= 0, got {self.refine_iters}, {self.prototype_restarts}")
         if not 0 <= self.cold_share <= 1:
             raise ValueError(f"cold_share must be in [0, 1], got {self.cold_share}")
         if self.steps < 1 or not 0 <= self.momentum_start <= self.momentum_end <= 1:

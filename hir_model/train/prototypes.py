@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from hir_model.hierarchy.assign import primitive_centroids
@@ -66,8 +68,7 @@ def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: 
             below = protos[lvl]
     else:
         before = protos
-        protos = [torch.from_numpy(primitive_centroids(z.numpy(), p.numpy(), cfg.refine_iters, reseed=True, seed=cfg.seed))
-                  for p in protos]
+        protos = [torch.from_numpy(restarted(z.numpy(), p.numpy(), cfg, lvl)) for lvl, p in enumerate(protos)]
         if teacher.global_levels:  # the coarse prototypes are also the encoder's global tokens: moving them moves z
             _set_prototypes((teacher,), protos)
             moved = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 3)
@@ -77,6 +78,40 @@ def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: 
                             "once they are the global tokens): keeping the previous window's", old, new)
                 protos = before
     _set_prototypes((student, teacher), protos)
+
+
+def fit(x: np.ndarray, centres: np.ndarray) -> float:
+    """Spherical k-means' objective: the mean cosine of each row of x (N, W) to its nearest centre (K, W)."""
+    return float((x @ centres.T).max(1).mean()) if len(x) else 0.0
+
+
+def restarted(z: np.ndarray, prototypes: np.ndarray, cfg: TrainConfig, level: int) -> np.ndarray:
+    """A warm start's prototypes for one level: `prototypes` refined (refine_iters spherical k-means steps over z), or,
+    where one of `cfg.prototype_restarts` fresh k-means runs fits z better by more than `cfg.restart_gain` (mean
+    cosine to the nearest centre), that run, its rows matched to the refined ones (Hungarian on cosine) so that a
+    prototype keeps its row where it can (stable ids and the student's logits follow rows).
+
+    Why: refinement only descends from where the prototypes are, and a level with few prototypes that started with two
+    interests merged under one prototype and another split over two stays so in every later window (the synthetic
+    source's 4 planted coarse interests, seed 0: coarse NMI 0.64 while the finer levels reached 0.93)."""
+    refined = primitive_centroids(z, prototypes, cfg.refine_iters, reseed=True, seed=cfg.seed)
+    if cfg.refine_iters == 0 or cfg.prototype_restarts == 0 or len(z) <= len(prototypes):
+        return refined
+    gen = torch.Generator().manual_seed(cfg.seed * 1009 + level)
+    best, best_fit = None, -np.inf
+    x = torch.from_numpy(np.ascontiguousarray(z))
+    for _ in range(cfg.prototype_restarts):
+        c = spherical_kmeans(x, len(prototypes), cfg.refine_iters, gen).numpy()
+        if (f := fit(z, c)) > best_fit:
+            best, best_fit = c, f
+    if best_fit <= fit(z, refined) + cfg.restart_gain:
+        return refined
+    log.info("level %d: a fresh k-means fits the window's embeddings better than the refined prototypes (mean cosine "
+             "%.3f vs %.3f): taking it", level, best_fit, fit(z, refined))
+    rows, cols = linear_sum_assignment(-(refined @ best.T))  # refined row rows[i] <- restart row cols[i]
+    out = refined.copy()
+    out[rows] = best[cols]
+    return out
 
 
 # A warm start's refined prototypes are kept unless, fed back as global tokens, they leave the teacher's assignments
