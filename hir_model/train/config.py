@@ -42,7 +42,8 @@ class TrainConfig:
     # of the catalogue fell from 0.945 to 0.837, benchmarks/retrieval.py)
     refine_iters: int = 10  # warm start: spherical k-means steps moving each level's prototypes to its centroids (0: they stay as trained)
     prototype_restarts: int = 4  # warm start: fresh spherical k-means runs per level, one taken over the refined prototypes
-    # only where it fits the teacher's embeddings better by more than restart_gain (hir_model.train.prototypes.restarted)
+    # only where it fits the teacher's embeddings better by more than restart_gain (hir_model.train.prototypes.restarted;
+    # none with refine_iters 0)
     restart_gain: float = 0.01  # mean cosine to the nearest prototype
     centre_momentum: float = 0.9  # EMA momentum of the readout centre (hir_model.train.trainer.recentre)
     sinkhorn_eps: float = 0.05  # entropic regularisation of the balanced teacher targets (SwAV's epsilon)

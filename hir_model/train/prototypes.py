@@ -1,5 +1,6 @@
 """Where a window's prototypes start: k-means of the teacher's embeddings for a fresh model, a refinement towards
-their centroids on a warm start (guarded: the coarse prototypes are also the encoder's global tokens)."""
+their centroids on a warm start, or a fresh k-means run where it fits clearly better (guarded: the coarse prototypes
+are also the encoder's global tokens)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: 
     hierarchy starts consistent). Warm start: every level takes `refine_iters` spherical k-means steps over those
     embeddings seeded by itself (hir_model.hierarchy.assign.primitive_centroids), a prototype no node is nearest to
     (dead: it gets no gradient from the balanced targets' argmax) re-seeded; each keeps its row, so ids stay matched.
+    A level where a fresh k-means run fits those embeddings clearly better takes that run instead (`restarted`).
 
     Why refine and not only re-seed the dead: a window's few steps move prototypes only so far, and the balanced targets
     spread mass evenly rather than to where the embeddings cluster. With dead re-seeding alone, the synthetic source's
