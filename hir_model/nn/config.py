@@ -23,8 +23,8 @@ class EncoderConfig:
     hash_hidden: int = 256  # width of the DHE MLP's hidden layers
     content_dim: int = 0  # C: content vector size (0: the batches carry none)
     strength_buckets: int = 0  # log2 buckets of a token's decayed engagement (Graphormer's centrality encoding): bucket 0
-    # for none, 1 .. for 2^-8 and up; 0: no strength embedding. Opt-in (24 is the measured setting): with it and
-    # MovieLens's popularity settings the demo's BoM recall check failed (README, Training)
+    # for none, 1 .. for 2^-8 and up; 0: no strength embedding. hir.toml turns it on (24) for MovieLens, where popularity
+    # is most of the signal; on the synthetic source it cost cold-start items (README, Training)
     # structural bias tables (per head)
     node_types: int = len(NODE_TYPES)  # real node types; the bias tables add one more for global tokens
     edge_types: int = len(EDGE_TYPES)

@@ -54,10 +54,11 @@ class TrainConfig:
     engagement_weight: float = 1.0  # weight of the contrastive user-entity term
     engagement_temp: float = 0.1  # InfoNCE temperature on cosine similarities
     logq_correction: bool = False  # subtract each in-batch candidate's log draw probability from its InfoNCE logit (Yi et
-    # al. 2019): pairs are drawn by frequency, so uncorrected the term learns engagement over popularity (opt-in, README
-    # Training: with it, centre_users off and the strength token, MovieLens's demo failed its BoM recall check)
+    # al. 2019): pairs are drawn by frequency, so uncorrected the term learns engagement over popularity (hir.toml turns
+    # it on for MovieLens, README Training)
     centre_users: bool = True  # subtract the user type's mean readout too (off: users keep the direction they share, where
-    # a preference for what everyone engages with lives; the other types are centred either way)
+    # a preference for what everyone engages with lives; the other types are centred either way. Off, MovieLens users
+    # collapsed onto one direction and the demo failed its BoM recall check: README, Training)
     swap_weight: float = 0.0  # swapped prediction over engagement pairs: the student's user predicts the teacher's code of
     # the entity it engaged with, and the entity its user's (SwAV's swap, the pair as two views of one interest)
     global_tokens: bool = True  # feed the coarse levels' prototypes (all but the finest) to the encoder as global tokens

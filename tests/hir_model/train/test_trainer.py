@@ -214,7 +214,7 @@ def test_without_centre_users_the_user_readout_keeps_its_mean(tmp_path):
     from hir_model.train.trainer import centre_inputs_and_readout
     data, _ = tiny_data()
     from hir_model.train.config import with_overrides
-    # the opt-in popularity settings (README, Training): strength token, logQ correction, the users' mean kept
+    # the popularity settings (README, Training): strength token, logQ correction (both on for MovieLens), the users' mean kept
     cfg = with_overrides(tiny_config(centre_users=False, logq_correction=True), {"encoder": {"strength_buckets": 24}})
     batch = step_batch(data, cfg, 0, 0)
     assert batch.log_q.shape == (2, batch.pairs) and np.isfinite(batch.log_q).all()
