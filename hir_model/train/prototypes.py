@@ -106,10 +106,10 @@ def restarted(z: np.ndarray, prototypes: np.ndarray, cfg: TrainConfig, level: in
         c = spherical_kmeans(x, len(prototypes), cfg.refine_iters, gen).numpy()
         if (f := fit(z, c)) > best_fit:
             best, best_fit = c, f
-    if best_fit <= fit(z, refined) + cfg.restart_gain:
+    if best_fit <= (kept := fit(z, refined)) + cfg.restart_gain:
         return refined
     log.info("level %d: a fresh k-means fits the window's embeddings better than the refined prototypes (mean cosine "
-             "%.3f vs %.3f): taking it", level, best_fit, fit(z, refined))
+             "%.3f vs %.3f): taking it", level, best_fit, kept)
     rows, cols = linear_sum_assignment(-(refined @ best.T))  # refined row rows[i] <- restart row cols[i]
     out = refined.copy()
     out[rows] = best[cols]
