@@ -101,7 +101,11 @@ def _content_lookup(graph: Graph, content: pa.Table | None, dim: int) -> tuple[n
     return np.nan_to_num(matrix), node_row
 
 
-def _with_content(batch: SampledBatch, lookup: tuple[np.ndarray, np.ndarray] | None) -> SampledBatch:
+def _with_content(batch: SampledBatch, lookup: tuple[np.ndarray, np.ndarray] | None, graph: Graph | None = None,
+                  structure_dim: int = 0) -> SampledBatch:
+    """`batch` with its tokens' content (`lookup`) and, when the encoder reads them, structural encodings of `graph`."""
+    if structure_dim and graph is not None:
+        batch = replace(batch, structure=graph.structure_at(batch.node, batch.cutoff_us, structure_dim))
     if lookup is None:
         return batch
     matrix, node_row = lookup
@@ -132,7 +136,8 @@ def take_sequences(batch: SampledBatch, idx: np.ndarray) -> SampledBatch:
     return replace(batch, offsets=offsets, seeds=batch.seeds[idx], node=batch.node[tok], hash_codes=batch.hash_codes[tok],
                    node_type=batch.node_type[tok], depth=batch.depth[tok], ancestors=batch.ancestors[tok],
                    edge_type=batch.edge_type[tok], edge_age=batch.edge_age[tok], content=per_token(batch.content),
-                   has_content=per_token(batch.has_content), strength=per_token(batch.strength))
+                   has_content=per_token(batch.has_content), strength=per_token(batch.strength),
+                   structure=per_token(batch.structure))
 
 
 def length_sorted_batches(graph: Graph, seeds: np.ndarray, cutoff_us: int, view: ViewConfig, config: EmbedConfig,
@@ -150,11 +155,12 @@ def length_sorted_batches(graph: Graph, seeds: np.ndarray, cutoff_us: int, view:
 
 
 @torch.inference_mode()
-def _encode(model: TrainedModel, batches, lookup, out: np.ndarray) -> None:
+def _encode(model: TrainedModel, batches, lookup, out: np.ndarray, graph: Graph | None = None) -> None:
     """Write each batch's seed embeddings into `out` [n, W] at its positions; `batches` yields (positions [b], batch)."""
     glob = getattr(model, "global_tokens", None)  # (G, W) prototypes as global tokens, as in training (None: none)
+    dim = model.encoder.cfg.structure_dim
     for pos, b in batches:
-        out[pos] = model.encoder(collate(_with_content(b, lookup)), glob).float().cpu().numpy()  # (b, W)
+        out[pos] = model.encoder(collate(_with_content(b, lookup, graph, dim)), glob).float().cpu().numpy()  # (b, W)
 
 
 def embed_entities(model: TrainedModel, graph: Graph, cutoff_us: int, content: pa.Table | None = None,
@@ -170,7 +176,7 @@ def embed_entities(model: TrainedModel, graph: Graph, cutoff_us: int, content: p
     vectors = np.zeros((len(nodes), model.encoder.cfg.width), np.float32)
     warm = length_sorted_batches(graph, nodes[warm_rows], cutoff_us, config.view or DEFAULT_VIEW, config,
                                  np.random.default_rng(config.seed))
-    _encode(model, ((warm_rows[pos], b) for pos, b in warm), lookup, vectors)
+    _encode(model, ((warm_rows[pos], b) for pos, b in warm), lookup, vectors, graph)
     chunks = [cold_rows[i:i + config.cold_batch_size] for i in range(0, len(cold_rows), config.cold_batch_size)]
     _encode(model, ((rows, single_token_batch(graph, nodes[rows], cutoff_us)) for rows in chunks), lookup, vectors)
     ids = np.asarray(graph.nodes.entity_id.take(pa.array(nodes)).to_numpy(zero_copy_only=False), object)

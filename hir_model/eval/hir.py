@@ -11,7 +11,10 @@ Nothing is fitted here. `fit` checks that the artefacts are window t's (the spli
   from the user's last context event; below each known item, its neighbourhood in graph(t) sampled with the
   remaining fanouts at cutoff end(t) (edges aged from the user's last context event too). The fanouts are those of
   the view `entity_embeddings` embedded warm entities with (the checkpoint's trained teacher view), so a cold user's
-  tree has the shape of a warm user's, the context standing in for the history. Nothing of graph(t)
+  tree has the shape of a warm user's, the context standing in for the history. When the encoder reads structural
+  encodings (hir_model.graph.structure), graph(t)'s tokens carry theirs, and the user's own token the normalised
+  stage-weighted sum of its known context items' encodings: where one more hop of the encoding would place a node
+  with those edges (items new in t+1 have none). Nothing of graph(t)
   is later than end(t), and the context is part of the protocol, so nothing else of t+1 enters.
   `cold_users="mean"` uses the normalised weighted mean of the context items' rows instead (a cheaper reference).
 - Items first seen in t+1: the encoder's single-token path (the entity_embeddings asset's cold-start path): id
@@ -256,7 +259,35 @@ class HIR:
                             hash_codes=seq.codes, node_type=seq.node_type, depth=seq.depth, ancestors=seq.ancestors,
                             edge_type=seq.edge_type, edge_age=seq.edge_age.astype(np.float32), cutoff_us=a.end_us,
                             content=seq.content if self.content_dim else None, has_content=seq.has if self.content_dim else None,
-                            strength=strength)
+                            strength=strength, structure=self._cold_structure(seq.node, offsets, queries, items))
+
+    def _cold_structure(self, node: np.ndarray, offsets: list[int], queries: Queries, items: ItemSpace) -> np.ndarray | None:
+        """`_structure` of a cold batch's tokens, the users' own tokens placed in graph(t) the way the encoding places any
+        node: the normalised sum of its neighbours' encodings (its context items known to graph(t), stage-weighted)."""
+        out = self._structure(node)
+        if out is None or self.artefacts.graph is None:
+            return out
+        ctx = queries.context
+        known = ctx.idx < items.n_known
+        item_node = np.full(len(ctx.idx), -1, np.int64)
+        if known.any():
+            item_node[known] = self.artefacts.graph.nodes.index_of(pa.array(list(items.ids[ctx.idx[known]]), pa.string()))
+        stage = np.where(queries.context_deep, GRAPH_WEIGHTS.purchase, GRAPH_WEIGHTS.click)
+        user = np.zeros((len(queries), out.shape[1]))
+        np.add.at(user, ctx.row_of, stage[:, None] * self._structure(item_node))
+        norm = np.linalg.norm(user, axis=1, keepdims=True)
+        out[np.asarray(offsets[:-1], np.int64)] = np.divide(user, norm, out=np.zeros_like(user), where=norm > 0)
+        return out
+
+    def _structure(self, node: np.ndarray) -> np.ndarray | None:
+        """(T, S) structural encodings of graph(t) nodes (-1, the cold user's own token and items new in t+1: zeros), when
+        the encoder reads them; None otherwise."""
+        dim, graph = self.artefacts.model.encoder.cfg.structure_dim, self.artefacts.graph
+        if not dim:
+            return None
+        if graph is None:
+            return np.zeros((len(node), dim), np.float32)
+        return graph.structure_at(node, self.artefacts.end_us, dim)
 
     @torch.inference_mode()
     def _encode(self, batch: SampledBatch) -> np.ndarray:
@@ -270,7 +301,8 @@ class HIR:
                                 batch.node_type[a:b], batch.depth[a:b], batch.ancestors[a:b], batch.edge_type[a:b],
                                 batch.edge_age[a:b], batch.cutoff_us, None if batch.content is None else batch.content[a:b],
                                 None if batch.has_content is None else batch.has_content[a:b],
-                                None if batch.strength is None else batch.strength[a:b])
+                                None if batch.strength is None else batch.strength[a:b],
+                                None if batch.structure is None else batch.structure[a:b])
             out.append(model.encoder(collate(part), model.global_tokens).float().cpu().numpy())  # (b, W)
         return np.concatenate(out) if out else np.zeros((0, self.width), np.float32)
 

@@ -120,6 +120,21 @@ class Graph:
         node = np.asarray(node, np.int64)
         return np.where(node >= 0, self.strength_until(cutoff_us)[np.maximum(node, 0)], 0.0).astype(np.float32)
 
+    @cached_property
+    def _structure_by_key(self) -> dict[tuple[int, int], np.ndarray]:
+        return {}
+
+    def structure_at(self, node: np.ndarray, cutoff_us: int, dim: int) -> np.ndarray:
+        """float32 [T, dim]: the structural encoding (hir_model.graph.structure) of `node` (-1: none, zeros) over the
+        engagement edges up to `cutoff_us`; computed once per (cutoff, dim) and kept (a few sparse products)."""
+        from hir_model.graph.structure import structural_encoding  # structure builds on this module
+
+        key = (min(int(cutoff_us), self.as_of_us), int(dim))
+        if key not in self._structure_by_key:
+            self._structure_by_key[key] = structural_encoding(self, dim, key[0])
+        node = np.asarray(node, np.int64)
+        return np.where((node >= 0)[:, None], self._structure_by_key[key][np.maximum(node, 0)], 0.0).astype(np.float32)
+
     def degrees(self) -> np.ndarray:
         return np.diff(self.indptr)  # int64 [N], out-degree (= in-degree: every edge has its reverse)
 

@@ -47,6 +47,7 @@ class SampledBatch:
     content: np.ndarray | None = None  # float32 [T, C], the token's content vector where it has one
     has_content: np.ndarray | None = None  # bool [T]; False rows of `content` are meaningless (not zeros that look like data)
     strength: np.ndarray | None = None  # float32 [T], the token's node's decayed engagement (hir_model.graph.csr.Graph.strength); None: 0
+    structure: np.ndarray | None = None  # float32 [T, S], the token's node's structural encoding (hir_model.graph.structure); None: 0
 
     @property
     def num_sequences(self) -> int:

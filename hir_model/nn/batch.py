@@ -29,6 +29,7 @@ class EncoderBatch:
     lengths: Tensor  # (B,) int64 tokens per sequence (>= 1: the seed)
     content: Tensor | None = None  # (B, N, C) float32; rows where has_content is False are zeros
     strength: Tensor | None = None  # (B, N) float32 decayed engagement of each token's node; 0 at padding (None: all 0)
+    structure: Tensor | None = None  # (B, N, S) float32 structural encoding of each token's node; 0 at padding (None: all 0)
 
     @property
     def num_sequences(self) -> int:
@@ -78,4 +79,5 @@ def collate(batch: SampledBatch) -> EncoderBatch:
         lengths=torch.from_numpy(lengths.astype(np.int64)),
         content=content,
         strength=None if batch.strength is None else pad(batch.strength, 0.0, np.float32),
+        structure=None if batch.structure is None else pad(batch.structure, 0.0, np.float32),
     )

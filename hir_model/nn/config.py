@@ -25,6 +25,8 @@ class EncoderConfig:
     strength_buckets: int = 0  # log2 buckets of a token's decayed engagement (Graphormer's centrality encoding): bucket 0
     # for none, 1 .. for 2^-8 and up; 0: no strength embedding. hir.toml turns it on (24) for MovieLens, where popularity
     # is most of the signal; on the synthetic source it cost cold-start items (README, Training)
+    structure_dim: int = 0  # S: size of each token's structural encoding (FastRP of the engagement graph,
+    # hir_model.graph.structure), projected and added to the token; 0: none. hir.toml turns it on for MovieLens
     # structural bias tables (per head)
     node_types: int = len(NODE_TYPES)  # real node types; the bias tables add one more for global tokens
     edge_types: int = len(EDGE_TYPES)
@@ -41,13 +43,15 @@ class EncoderConfig:
             raise ValueError(f"width {self.width} is not divisible by heads {self.heads}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend {self.backend!r}: expected one of {BACKENDS}")
+        if self.structure_dim < 0:
+            raise ValueError(f"structure_dim must be >= 0, got {self.structure_dim}")
         if self.max_depth < 0 or self.age_buckets < 1 or self.hash_codes < 1 or self.hash_buckets < 2:
             raise ValueError("max_depth >= 0, age_buckets >= 1, hash_codes >= 1 and hash_buckets >= 2 are required")
 
     @classmethod
     def from_dict(cls, d: dict) -> EncoderConfig:
-        """A saved config; one written before the strength token had none (strength_buckets 0)."""
-        return cls(**{"strength_buckets": 0, **d})
+        """A saved config; one written before the strength token or the structural encoding had none (0)."""
+        return cls(**{"strength_buckets": 0, "structure_dim": 0, **d})
 
     @property
     def head_dim(self) -> int:

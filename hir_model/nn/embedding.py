@@ -1,5 +1,5 @@
 """Token embedding: deep-hash id embedding + content projection (or a learned "no content" vector) + node type +
-the node's strength bucket.
+the node's strength bucket + a projection of its structural encoding (hir_model.graph.structure; when configured).
 
 Strength (Graphormer's centrality encoding, on the time-decayed graph): the decayed engagement on a node's edges as of
 the cutoff (hir_model.graph.csr.Graph.strength), in log2 buckets. The sampler caps every fanout, so a sampled
@@ -69,6 +69,8 @@ class TokenEmbedding(nn.Module):
         self.register_buffer("content_mean", torch.zeros(cfg.content_dim))
         self.no_content = nn.Parameter(torch.empty(cfg.width))  # stands in where a node has no content vector
         self.strength = nn.Embedding(cfg.strength_buckets, cfg.width) if cfg.strength_buckets else None
+        # no bias: a node without an encoding (zeros) gets nothing added, not a shared offset
+        self.structure = nn.Linear(cfg.structure_dim, cfg.width, bias=False) if cfg.structure_dim else None
         self.reset_parameters()
 
     def forward(self, batch: EncoderBatch) -> Tensor:  # -> (B, N, width)
@@ -76,6 +78,11 @@ class TokenEmbedding(nn.Module):
         if self.strength is not None:
             x = x + self.strength(strength_bucket(batch.strength if batch.strength is not None
                                                   else torch.zeros_like(batch.node_type, dtype=torch.float32), self.strength.num_embeddings))
+        if self.structure is not None and batch.structure is not None:
+            if batch.structure.shape[-1] != self.structure.in_features:
+                raise ValueError(f"structural encodings have {batch.structure.shape[-1]} dims, the config expects "
+                                 f"{self.structure.in_features}")
+            x = x + self.structure(batch.structure)
         if self.content is None or batch.content is None:
             return x + self.no_content
         if batch.content.shape[-1] != self.content.in_features:
@@ -91,3 +98,5 @@ class TokenEmbedding(nn.Module):
             self.content.reset_parameters()
         if self.strength is not None:
             nn.init.normal_(self.strength.weight, std=0.02)
+        if self.structure is not None:
+            self.structure.reset_parameters()

@@ -107,7 +107,11 @@ def load_train_data(graph_dir: Path, events: Path | None = None, content: Path |
     return TrainData(graph, cutoff, active_nodes(graph, cutoff), user, entity, sign, prob, mat, has)
 
 
-def with_content(batch: SampledBatch, data: TrainData) -> SampledBatch:
+def with_content(batch: SampledBatch, data: TrainData, structure_dim: int = 0) -> SampledBatch:
+    """`batch` with its tokens' content vectors (when the data has them) and structural encodings (`structure_dim` > 0:
+    hir_model.graph.structure over the graph's engagement up to the data's cutoff)."""
+    if structure_dim:
+        batch = replace(batch, structure=data.graph.structure_at(batch.node, data.cutoff_us, structure_dim))
     if data.content is None:
         return batch
     return replace(batch, content=data.content[batch.node], has_content=data.has_content[batch.node])
@@ -125,6 +129,8 @@ def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
         cut.update(content=batch.content[keep], has_content=batch.has_content[keep])
     if batch.strength is not None:  # a never-engaged entity has none: the flagged seeds lose theirs too
         cut.update(strength=np.where(np.asarray(which, bool)[owner], 0.0, batch.strength).astype(np.float32)[keep])
+    if batch.structure is not None:  # nor a place in the graph
+        cut.update(structure=np.where(np.asarray(which, bool)[owner][:, None], 0.0, batch.structure).astype(np.float32)[keep])
     return replace(batch, offsets=offsets, **cut)
 
 
@@ -146,8 +152,9 @@ def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int) -> Step
     idx = rng.choice(len(data.pair_user), size=p, p=data.pair_prob) if p else np.zeros(0, np.int64)
     rest = rng.choice(data.active, size=b - 2 * p, replace=len(data.active) < b - 2 * p)
     seeds = np.concatenate([data.pair_user[idx], data.pair_entity[idx], rest]).astype(np.int64)
-    narrow = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.narrow, rng), data)
-    broad = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.broad, rng), data)
+    dim = cfg.encoder.structure_dim
+    narrow = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.narrow, rng), data, dim)
+    broad = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.broad, rng), data, dim)
     if cfg.cold_share > 0:  # DropoutNet-style: the student sees some entities as if new, the teacher their history
         engageable = np.isin(np.asarray(data.graph.nodes.node_type, np.int64)[seeds], ENGAGEABLE_CODES)
         narrow = seed_only(narrow, engageable & (rng.random(len(seeds)) < cfg.cold_share))
@@ -158,4 +165,5 @@ def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int) -> Step
 def view_of(data: TrainData, nodes: np.ndarray, cfg: TrainConfig, seed: int, broad: bool = True) -> SampledBatch:
     """A deterministic view of given nodes (probe batches, metrics, embedding export)."""
     rng = np.random.default_rng([cfg.seed, seed])
-    return with_content(sample(data.graph, np.asarray(nodes, np.int64), data.cutoff_us, cfg.broad if broad else cfg.narrow, rng), data)
+    return with_content(sample(data.graph, np.asarray(nodes, np.int64), data.cutoff_us, cfg.broad if broad else cfg.narrow, rng), data,
+                        cfg.encoder.structure_dim)

@@ -145,3 +145,19 @@ def test_hierarchy_and_bom_index_add_lift_features_agreement_and_bom_recall(tmp_
     bom = out.extras["bom_vs_exact"]
     assert bom["queries"] == 2 and bom["recall"] == 1.0  # u1, u2 (warm): 5 items, every token's posting kept
     assert (HIERARCHY_ASSET, KEYS[0]) in out.opened and (BOM_ASSET, KEYS[0]) in out.opened
+
+
+def test_with_structural_encodings_a_cold_user_is_placed_by_its_context(tmp_path):
+    store = hir_store(tmp_path / "store", structure_dim=8)
+    split, hir = _split(store), _hir(store)
+    hir.fit(split.train, split.items.known())
+    batch = hir.cold_batch(split.cold.queries, split.items)  # u3, context p2
+    graph = hir.artefacts.graph
+    np.testing.assert_array_equal(batch.structure[1:], graph.structure_at(batch.node[1:], hir.artefacts.end_us, 8))
+    assert batch.node[1] == graph.nodes.index_of(pa.array(["p2"]))[0] and batch.structure[1].any()
+    np.testing.assert_allclose(batch.structure[0], batch.structure[1], atol=1e-6)  # one context film: its place, unit norm
+    from dataclasses import replace
+    blind = hir._encode(replace(batch, structure=np.zeros_like(batch.structure)))
+    assert not np.allclose(hir._encode(batch), blind, atol=1e-4)  # the encoder reads them
+    scores = hir.score(split.cold.queries, split.items)
+    assert np.isfinite(scores).all() and scores.shape == (1, len(split.items))

@@ -81,3 +81,26 @@ def test_token_strength_moves_the_embedding_and_old_configs_have_none():
     assert TokenEmbedding(EncoderConfig(strength_buckets=0)).strength is None
     with pytest.raises(ValueError, match="strength_bucket"):
         with_overrides(TrainConfig(), {"encoder": {"strength_bucket": 24}})
+
+
+def test_a_structural_encoding_adds_its_projection_and_old_configs_have_none():
+    from dataclasses import replace as dc_replace
+    from hir_model.train.config import TrainConfig, with_overrides
+    embed = TokenEmbedding(EncoderConfig(structure_dim=8))
+    sampled = random_batch(np.random.default_rng(4), [5, 2])[0]
+    s = np.random.default_rng(5).standard_normal((len(sampled.node), 8)).astype(np.float32)
+    with torch.no_grad():
+        none = embed(collate(sampled))
+        zeros = embed(collate(dc_replace(sampled, structure=np.zeros_like(s))))
+        some = embed(collate(dc_replace(sampled, structure=s)))
+        torch.testing.assert_close(zeros, none)  # no place in the graph: nothing added (no bias)
+        batch = collate(dc_replace(sampled, structure=s))
+        torch.testing.assert_close((some - none)[batch.valid], embed.structure(batch.structure)[batch.valid])
+    with pytest.raises(ValueError, match="structural encodings have 4 dims"):
+        embed(collate(dc_replace(sampled, structure=s[:, :4])))
+    old = with_overrides(TrainConfig(), {"encoder": {"structure_dim": 8}}).to_dict()
+    assert TrainConfig.from_dict(old).encoder.structure_dim == 8
+    del old["encoder"]["structure_dim"]  # a checkpoint's config from before the structural encoding
+    assert TrainConfig.from_dict(old).encoder.structure_dim == 0 and TokenEmbedding(EncoderConfig()).structure is None
+    with pytest.raises(ValueError, match="structure_dim must be >= 0"):
+        EncoderConfig(structure_dim=-1)

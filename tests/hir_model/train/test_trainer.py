@@ -260,3 +260,23 @@ def test_training_is_reproducible_on_two_threads():
         torch.set_num_threads(threads)
     assert len(digests) == 1
     assert not torch.are_deterministic_algorithms_enabled()  # the setting is the caller's again afterwards
+
+
+def test_a_structural_encoding_reaches_every_view_and_the_checkpoint_still_reproduces_the_probe(tmp_path):
+    from hir_model.train.config import with_overrides
+    data, _ = tiny_data()
+    cfg = with_overrides(tiny_config(), {"encoder": {"structure_dim": 8}})
+    batch = step_batch(data, cfg, 0, 0)
+    for view in (batch.narrow, batch.broad):  # the graph's encodings, token by token
+        np.testing.assert_array_equal(view.structure, data.graph.structure_at(view.node, data.cutoff_us, 8))
+    cut = seed_only(batch.broad, np.ones(batch.broad.num_sequences, bool))
+    assert cut.structure.shape == (cut.num_sequences, 8) and not cut.structure.any()  # as if new: no place in the graph
+    r = train_window(data, cfg, tmp_path / "s.pt", window="w0")
+    assert np.isfinite(r.losses).all()
+    model = load_trained_model(tmp_path / "s.pt")
+    assert model.encoder.cfg.structure_dim == 8
+    saved = TrainConfig.from_dict(load_checkpoint(tmp_path / "s.pt")["extra"]["train_config"])  # what the asset's check reloads
+    again = embed_nodes(model.encoder, model.global_tokens, data, np.array(r.probe_nodes), saved)
+    torch.testing.assert_close(again, torch.tensor(r.probe_embeddings), atol=1e-5, rtol=1e-5)
+    blind = embed_nodes(model.encoder, model.global_tokens, data, np.array(r.probe_nodes), tiny_config())  # without them
+    assert not torch.allclose(blind, again, atol=1e-3)
