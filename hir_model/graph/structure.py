@@ -12,7 +12,7 @@ Why not learned ids: the deep-hash id embedding (hir_model.nn.embedding) is an M
 learns nothing id-specific in the few steps a window trains (README, Evaluation), so without these the encoder
 knew each node by its content, type and popularity only.
 
-Stable across windows: G's row of a node is a function of its id (the graph's deep-hash codes, splitmix64'd), not of
+Stable across windows: G's row of a node is a function of its id (its deep-hash codes, splitmix64'd), not of
 its position, so window t+1's encodings live in the same random basis as window t's and a warm-started encoder's
 projection of them stays meaningful. Causal: only engagement edges whose last event is at or before the cutoff.
 """
@@ -38,10 +38,14 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def random_signs(hash_codes: np.ndarray, dim: int) -> np.ndarray:
-    """float32 [N, dim] of +-1/sqrt(dim): row i a function of node i's first hash code only (so of its id)."""
-    code = np.asarray(hash_codes, np.int64)[:, 0].astype(np.uint64)
+    """float32 [N, dim] of +-1/sqrt(dim): row i a function of node i's hash codes only (so of its id). Every code is
+    mixed in: one code lies in [0, 10^6), where 100k nodes would share ~5,000 rows by chance."""
+    codes = np.asarray(hash_codes, np.int64).astype(np.uint64)
+    key = np.zeros(len(codes), np.uint64)
+    for column in codes.T:
+        key = _splitmix64(key ^ column)
     with np.errstate(over="ignore"):
-        words = _splitmix64(code[:, None] * np.uint64(dim + 1) + np.arange(1, dim + 1, dtype=np.uint64)[None, :])
+        words = _splitmix64(key[:, None] + np.arange(1, dim + 1, dtype=np.uint64)[None, :] * _GOLDEN)
     sign = ((words >> np.uint64(63)) & np.uint64(1)).astype(np.float32) * 2.0 - 1.0
     return sign / np.float32(np.sqrt(dim))
 

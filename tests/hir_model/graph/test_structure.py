@@ -68,3 +68,9 @@ def test_edges_after_the_cutoff_are_not_read():
     assert not recent.structure_at(np.array([-1]), AS_OF, 32).any()  # -1 (no node): zeros
     with pytest.raises(ValueError, match="dim >= 1"):
         structural_encoding(recent, 0)
+
+
+def test_ids_sharing_a_first_hash_code_still_get_their_own_rows():
+    codes = np.array([[7, 1, 2], [7, 1, 3], [7, 1, 2]])  # the first two codes collide, the last differs
+    rows = random_signs(codes, 64)
+    assert not np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[2])
