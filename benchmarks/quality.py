@@ -32,6 +32,7 @@ is built (no NMI / BoM lines).
     python benchmarks/quality.py --quick --cases synthetic --set steps=20   # HIR trained with a TrainConfig override
     python benchmarks/quality.py --cases movielens --set steps=48   # HIR on every MovieLens window, one override
     python benchmarks/quality.py --store .hir/storage/movielens   # HIR beside the baselines on a materialised store
+    python benchmarks/quality.py --quick --cases movielens --prior-weight 0   # HIR's scores without the item prior
 
 `--store` reads a store the pipeline materialised (the demo's: HIR's entity_embeddings, hir_encoder, graph and
 content of every window), evaluates every window with a successor exactly as the `window_evaluation` asset does
@@ -153,14 +154,18 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
             "last_loss": losses[-1] if losses else float("nan"), "min_usage_entropy": min(entropy, default=float("nan"))}
 
 
-def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None) -> list:
+def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None, prior_weight: float = 1.0) -> list:
     """Every window of `keys` through `evaluate_published_window` (HIR + baselines), in time order, each warm-starting
-    from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window."""
-    from hir_model.eval.window import WindowOutcome, evaluate_published_window
+    from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window; `prior_weight`:
+    HIRMethodConfig's (the item prior HIR's scores take back when trained with the logQ correction; 0: none)."""
+    from hir_model.eval.hir import HIRMethodConfig
+    from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window
+
+    config = WindowEvalConfig(hir=HIRMethodConfig(prior_weight=prior_weight))
 
     results, previous = [], None
     for key in sorted(keys):
-        outcome = evaluate_published_window(store, spec, key, truth=truth, previous=previous)
+        outcome = evaluate_published_window(store, spec, key, config, truth=truth, previous=previous)
         if isinstance(outcome, WindowOutcome):
             previous = outcome
             results.append(outcome.evaluation)
@@ -172,7 +177,7 @@ def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None
 
 
 def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int | None = None, last: int = 4,
-             hir=None) -> list:
+             hir=None, prior_weight: float = 1.0) -> list:
     """`hir` (a TrainConfig): publish HIR's artefacts trained with it (`publish_hir`) and evaluate as `window_evaluation`
     does, HIR among the methods; None: the baselines only."""
     store = PartitionStore(workdir / name)
@@ -196,7 +201,7 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
             if not outcome.extras.get("hir", {}).get("evaluated"):
                 unevaluated[key] = outcome.extras.get("hir", {}).get("reason", "")
 
-        results = evaluate_published(store, spec, keys, on_window=note)
+        results = evaluate_published(store, spec, keys, on_window=note, prior_weight=prior_weight)
         for key, reason in unevaluated.items():
             print(f"case={name} window={key} hir=no reason={reason!r}", flush=True)
     else:
@@ -236,7 +241,7 @@ def movielens_last(results: list, last: int = 4) -> None:
               f"cold_users_per_window={cold.users_per_window if cold else 0:.1f}", flush=True)
 
 
-def run_store(root: Path, out: Path, last: int = 4) -> list:
+def run_store(root: Path, out: Path, last: int = 4, prior_weight: float = 1.0) -> list:
     """Every window of a materialised store through `evaluate_published_window` (HIR + baselines), in time order."""
     import pyarrow.parquet as pq
 
@@ -256,7 +261,7 @@ def run_store(root: Path, out: Path, last: int = 4) -> list:
                         if a.level == a.planted_level), flush=True)
 
     t0 = time.perf_counter()
-    results = evaluate_published(PartitionStore(root), spec, [w.key for w in spec.windows()], truth, line)
+    results = evaluate_published(PartitionStore(root), spec, [w.key for w in spec.windows()], truth, line, prior_weight)
     name = f"store_{config.source}"
     for row in summary(results):
         print(f"case={name} method={row.method} users={row.users} items={row.items} target={row.target} windows={row.windows} "
@@ -278,9 +283,11 @@ def main() -> None:
     parser.add_argument("--no-hir", action="store_true", help="the baselines only (no HIR training, embedding, column)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a TrainConfig field of HIR's training (JSON value), e.g. --set steps=20")
+    parser.add_argument("--prior-weight", type=float, default=1.0,
+                        help="HIR's item prior weight in logit units (hir_model.eval.hir; 0: the plain dot product)")
     args = parser.parse_args()
     if args.store:
-        run_store(args.store, args.out)
+        run_store(args.store, args.out, prior_weight=args.prior_weight)
         return
     cases = set(args.cases.split(","))
     hir = None if args.no_hir else hir_train_config("synthetic", args.set)
@@ -291,7 +298,7 @@ def main() -> None:
 
             for size in ((20_000, 80_000) if args.quick else (100_000, 400_000)):
                 source = SyntheticSource(replace(SyntheticConfig(), events_per_window=size), workdir / f"synthetic-{size}")
-                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir)
+                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir, prior_weight=args.prior_weight)
         if "movielens" in cases:
             from hir_model.data.movielens import MovieLensSource
 
@@ -299,7 +306,8 @@ def main() -> None:
             source.prepare()
             t0 = time.perf_counter()
             hir_ml = None if args.no_hir else hir_train_config("movielens", args.set)
-            results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml)
+            results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml,
+                               prior_weight=args.prior_weight)
             movielens_last(results)
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)
 

@@ -22,6 +22,15 @@ Nothing is fitted here. `fit` checks that the artefacts are window t's (the spli
   (the `content_embeddings` vectors of t+1, the only t+1 side information the protocol allows).
 Known items without a published row (none when the asset is complete) take the same single-token path.
 
+The item prior (logit adjustment, Menon et al. 2021). A checkpoint trained with the logQ correction
+(TrainConfig.logq_correction) learned scores with each item's log draw rate taken out: u.v / temp approximates
+log p(item | user) - log q(item), what a user engages with beyond popularity. Ranking for the next window puts the
+prior back: score = u.v + prior_weight * temp * log prior(item), temp the checkpoint's engagement temperature and
+prior(item) the item's decayed engagement in graph(t) at end(t) (`Graph.strength`, the same quantity the strength
+token reads): the causal forecast of how often window t+1 engages it. Items with none (unengaged by end(t), first
+seen in t+1) get half the smallest prior of an engaged item, one shared floor. A checkpoint trained without the
+correction kept popularity in its embeddings, and its scores stay the plain dot product.
+
 The context's event types are not part of `Queries` (only whether an event converted), hence the two edge types.
 """
 
@@ -61,6 +70,8 @@ class HIRMethodConfig:
     deep_weight: float = 2.0  # "mean" only: a converted context event weighs this much
     batch_size: int = 32  # sequences per encoder forward
     seed: int = 0  # of the neighbourhood sampler
+    prior_weight: float = 1.0  # the item prior's weight in logit units (module docstring): 1 puts back as much as the
+    # logQ correction took out in training; 0: the plain dot product. No effect on checkpoints trained without it
 
     def __post_init__(self) -> None:
         if self.cold_users not in ("encoder", "mean"):
@@ -78,6 +89,7 @@ class WindowArtefacts:
     graph: Graph | None  # `engagement_graph` of t: the known context items' neighbourhoods (None: items only)
     content: pa.Table | None = None  # `content_embeddings` of t (entity_id, embedding): the known tokens' content
     view: ViewConfig = DEFAULT_VIEW  # the view `entity_embeddings` embedded warm entities with (the checkpoint's)
+    prior_scale: float = 0.0  # the checkpoint's engagement temperature when it trained with the logQ correction, else 0
 
 
 class _ContentLookup:
@@ -122,6 +134,7 @@ class HIR:
         self._content = _ContentLookup(artefacts.graph, artefacts.content, cfg.content_dim)
         self.user_rows: np.ndarray | None = None  # (U,) row of each train user in the embeddings, -1 for none
         self.items: np.ndarray | None = None  # (N, W) item vectors of the last scored item space
+        self.prior: np.ndarray | None = None  # (N,) weight x temp x log prior of the same items (None: no prior)
         self._items_key: np.ndarray | None = None  # the ids array `items` was computed for
         self.cold_encoded = 0  # cold users embedded by the encoder so far (a count for the report)
         self.single_token_items = 0  # items embedded by the single-token path in the last item space
@@ -153,7 +166,25 @@ class HIR:
             content, has = self._item_content(items, missing)
             out[missing] = self._single_tokens(items.ids[missing], content, has)
         self.items, self._items_key, self.single_token_items = out, items.ids, len(missing)
+        self.prior = self._log_prior(items)
         return out
+
+    def _log_prior(self, items: ItemSpace) -> np.ndarray | None:
+        """(N,) prior_weight x temp x log of each item's decayed engagement in graph(t), or None when the scores take none
+        (module docstring)."""
+        scale = self.config.prior_weight * self.artefacts.prior_scale
+        graph = self.artefacts.graph
+        if scale == 0 or graph is None:
+            return None
+        node = np.full(len(items), -1, np.int64)  # items first seen in t+1 have no node of graph(t)
+        if items.n_known:
+            node[:items.n_known] = graph.nodes.index_of(pa.array(list(items.ids[:items.n_known]), pa.string()))
+        prior = graph.strength_at(node, self.artefacts.end_us).astype(np.float64)
+        engaged = prior > 0
+        if not engaged.any():
+            return None
+        floor = prior[engaged].min() / 2
+        return (scale * np.log(np.where(engaged, prior, floor))).astype(np.float32)
 
     def _item_content(self, items: ItemSpace, rows: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         if self.content_dim == 0 or items.content is None or items.content.shape[1] != self.content_dim:
@@ -184,7 +215,10 @@ class HIR:
             sub = queries.take(inductive)
             users[inductive] = (self._mean_of_context(sub, item_vectors) if self.config.cold_users == "mean"
                                 else self.embed_cold(sub, items))
-        return (users @ item_vectors.T).astype(np.float32)
+        scores = users @ item_vectors.T
+        if self.prior is not None:
+            scores += self.prior[None, :]
+        return scores.astype(np.float32)
 
     def _mean_of_context(self, queries: Queries, item_vectors: np.ndarray) -> np.ndarray:
         ctx = queries.context
@@ -383,5 +417,12 @@ def load_artefacts(store, key: str, end_us: int) -> WindowArtefacts:
     if model.encoder.cfg.content_dim and store.exists(CONTENT_ASSET, key, CONTENT_FILE):
         content = store.read(CONTENT_ASSET, key, CONTENT_FILE, columns=["entity_id", "embedding"])
     graph = load_window_graph(store, key) if has_graph(store, key) else None
-    view = trained_view(load_checkpoint(checkpoint_path(store, key)).get("extra", {}))
-    return WindowArtefacts(key, end_us, load_embeddings(store, key), model, graph, content, view)
+    extra = load_checkpoint(checkpoint_path(store, key)).get("extra", {})
+    return WindowArtefacts(key, end_us, load_embeddings(store, key), model, graph, content, trained_view(extra), trained_prior_scale(extra))
+
+
+def trained_prior_scale(extra: dict) -> float:
+    """The engagement temperature of a checkpoint trained with the logQ correction (its `extra["train_config"]`), else 0:
+    the scale at which ranking puts the item prior back (module docstring)."""
+    train = (extra or {}).get("train_config", {})
+    return float(train.get("engagement_temp", 0.0)) if train.get("logq_correction") else 0.0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hir_model.embed.entities import single_token_batch
-from hir_model.eval.hir import HIR, HIRMethodConfig, load_artefacts
+from hir_model.eval.hir import HIR, HIRMethodConfig, load_artefacts, trained_prior_scale
 from hir_model.eval.publish import EVALUATION_ASSET, STATE_FILE, read_evaluation, save_states, summary_table
 from hir_model.eval.run import EvalConfig, TableReader, load_split
 from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
@@ -161,3 +161,37 @@ def test_with_structural_encodings_a_cold_user_is_placed_by_its_context(tmp_path
     assert not np.allclose(hir._encode(batch), blind, atol=1e-4)  # the encoder reads them
     scores = hir.score(split.cold.queries, split.items)
     assert np.isfinite(scores).all() and scores.shape == (1, len(split.items))
+
+
+def test_a_checkpoint_trained_with_the_logq_correction_gets_the_item_prior_back(tmp_path):
+    store = hir_store(tmp_path / "store", logq_temp=0.1)
+    split, hir, plain = _split(store), _hir(store), _hir(store, prior_weight=0.0)
+    assert hir.artefacts.prior_scale == pytest.approx(0.1)
+    for m in (hir, plain):
+        m.fit(split.train, split.items.known())
+    graph, items = hir.artefacts.graph, split.items
+    prior = graph.strength_at(graph.nodes.index_of(pa.array(list(items.ids[:items.n_known]))), hir.artefacts.end_us)
+    assert (prior > 0).any() and items.n_known < len(items)  # engaged items, and p6 first seen in W1
+    floor = prior[prior > 0].min() / 2
+    expected = 0.1 * np.log(np.concatenate([np.where(prior > 0, prior, floor), np.full(len(items) - items.n_known, floor)]))
+    for queries in (split.warm.queries, split.cold.queries):
+        gap = hir.score(queries, items) - plain.score(queries, items)
+        np.testing.assert_allclose(gap, np.broadcast_to(expected, gap.shape), rtol=1e-4, atol=1e-5)
+    twice = _hir(store, prior_weight=2.0)
+    twice.fit(split.train, items.known())
+    np.testing.assert_allclose(twice.score(split.warm.queries, items) - plain.score(split.warm.queries, items),
+                               np.broadcast_to(2 * expected, (len(split.warm.queries), len(items))), rtol=1e-4, atol=1e-5)
+    outcome = evaluate_published_window(store, SPEC, KEYS[0])
+    assert outcome.extras["hir"]["prior_scale"] == pytest.approx(0.1)
+
+
+def test_without_the_logq_correction_the_scores_stay_the_dot_product(store):
+    assert trained_prior_scale({}) == 0.0
+    assert trained_prior_scale({"train_config": {"engagement_temp": 0.1, "logq_correction": False}}) == 0.0
+    assert trained_prior_scale({"train_config": {"engagement_temp": 0.05, "logq_correction": True}}) == 0.05
+    split, hir = _split(store), _hir(store, prior_weight=3.0)
+    hir.fit(split.train, split.items.known())
+    assert hir.artefacts.prior_scale == 0.0
+    scores, items = hir.score(split.warm.queries, split.items), hir.item_vectors(split.items)
+    emb = hir.artefacts.embeddings
+    np.testing.assert_allclose(scores[0], items @ emb.vectors[list(emb.entity_id).index("u1")], rtol=1e-5, atol=1e-6)
