@@ -158,10 +158,11 @@ def plot_cold_vs_warm(results: Sequence[WindowEvaluation | WindowSkipped], metri
 
 
 def extras_table(extras: dict[str, dict]) -> str:
-    """Per window: HIR's own numbers (cold users embedded, BoM vs exact top-k, agreement with planted interests)."""
-    lines = ["| window | HIR | cold users embedded | BoM vs exact | planted agreement (NMI / ARI, level l vs planted l) | "
-             "warm-started from |",
-             "|---|---|---|---|---|---|"]
+    """Per window: HIR's own numbers (cold users embedded, the item prior's scale in its scores, BoM vs exact top-k,
+    agreement with planted interests)."""
+    lines = ["| window | HIR | cold users embedded | item prior (x log) | BoM vs exact | "
+             "planted agreement (NMI / ARI, level l vs planted l) | warm-started from |",
+             "|---|---|---|---|---|---|---|"]
     for key, x in sorted(extras.items()):
         hir = x.get("hir", {})
         bom = x.get("bom_vs_exact")
@@ -169,9 +170,15 @@ def extras_table(extras: dict[str, dict]) -> str:
                          if a["level"] == a["planted_level"]) or "-"
         warm = ", ".join(sorted(set((x.get("warm_started_from") or {}).values()))) or "-"
         lines.append(f"| {key} | {'yes' if hir.get('evaluated') else 'no: ' + str(hir.get('reason', ''))} | "
-                     f"{hir.get('cold_users_encoded', '-')} | "
+                     f"{hir.get('cold_users_encoded', '-')} | {_prior(hir)} | "
                      f"{'recall@%d %.3f (%d users)' % (bom['k'], bom['recall'], bom['queries']) if bom else '-'} | {agree} | {warm} |")
     return "\n".join(lines)
+
+
+def _prior(hir: dict) -> str:
+    """The item prior's scale in HIR's scores (hir_model.eval.hir): 'none' without one, '-' when not recorded."""
+    scale = hir.get("prior_scale")
+    return "-" if scale is None else ("none" if scale == 0 else f"{scale:g}")
 
 
 def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str = "HIR window evaluation",

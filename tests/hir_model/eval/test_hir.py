@@ -183,6 +183,10 @@ def test_a_checkpoint_trained_with_the_logq_correction_gets_the_item_prior_back(
                                np.broadcast_to(2 * expected, (len(split.warm.queries), len(items))), rtol=1e-4, atol=1e-5)
     outcome = evaluate_published_window(store, SPEC, KEYS[0])
     assert outcome.extras["hir"]["prior_scale"] == pytest.approx(0.1)
+    from hir_model.eval.report import extras_table
+
+    rows = extras_table({KEYS[0]: outcome.extras, KEYS[1]: {"hir": {"evaluated": True, "prior_scale": 0.0}}}).splitlines()
+    assert "item prior" in rows[0] and "| 0.1 |" in rows[2] and "| none |" in rows[3]
 
 
 def test_without_the_logq_correction_the_scores_stay_the_dot_product(store):
