@@ -157,7 +157,7 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
 def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None, prior_weight: float = 1.0) -> list:
     """Every window of `keys` through `evaluate_published_window` (HIR + baselines), in time order, each warm-starting
     from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window; `prior_weight`:
-    HIRMethodConfig's (the item prior HIR's scores take back when trained with the logQ correction; 0: none)."""
+    HIRMethodConfig's (the item prior HIR's scores add, in the training's logit units; 0: none)."""
     from hir_model.eval.hir import HIRMethodConfig
     from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window
 

@@ -22,16 +22,14 @@ Nothing is fitted here. `fit` checks that the artefacts are window t's (the spli
   (the `content_embeddings` vectors of t+1, the only t+1 side information the protocol allows).
 Known items without a published row (none when the asset is complete) take the same single-token path.
 
-The item prior (logit adjustment, Menon et al. 2021). A checkpoint trained with the logQ correction
-(TrainConfig.logq_correction) learned scores with each item's log draw rate taken out: u.v / temp approximates
-log p(item | user) - log q(item), what a user engages with beyond popularity. Ranking for the next window puts the
-prior back: score = u.v + prior_weight * temp * log prior(item), temp the checkpoint's engagement temperature and
-prior(item) the item's decayed engagement in graph(t) at end(t) (`Graph.strength`, the same quantity the strength
-token reads): the causal forecast of how often window t+1 engages it. Items with none (unengaged by end(t), first
-seen in t+1) get half the smallest prior of an engaged item, one shared floor. A checkpoint trained without the
-correction kept popularity in its embeddings, and its scores stay the plain dot product.
-
-The context's event types are not part of `Queries` (only whether an event converted), hence the two edge types.
+The item prior. log p(item | user) = PMI(user, item) + log p(item): an in-batch softmax learns the first term (its
+candidates are drawn by popularity; with the logQ correction it is asked for both), but unit-norm rows centred per
+type cannot carry the second, a per-item offset (README, Evaluation). So the ranking adds it explicitly, as matrix
+factorisation's item bias does: score = u.v + prior_weight * temp * log prior(item), i.e. in the training's logit
+units (u.v / temp) plus prior_weight times the log prior. temp is the checkpoint's engagement temperature; prior(item)
+the item's decayed engagement in graph(t) at end(t) (`Graph.strength`, the quantity the strength token reads), the
+causal forecast of how often window t+1 engages it. Items with none (unengaged by end(t), first seen in t+1) share
+one floor, half the smallest prior of an engaged item. A checkpoint without a recorded training config gets no prior.
 """
 
 from __future__ import annotations
@@ -70,8 +68,8 @@ class HIRMethodConfig:
     deep_weight: float = 2.0  # "mean" only: a converted context event weighs this much
     batch_size: int = 32  # sequences per encoder forward
     seed: int = 0  # of the neighbourhood sampler
-    prior_weight: float = 1.0  # the item prior's weight in logit units (module docstring): 1 puts back as much as the
-    # logQ correction took out in training; 0: the plain dot product. No effect on checkpoints trained without it
+    prior_weight: float = 1.0  # the item prior's weight in the training's logit units (module docstring); 0: the plain dot
+    # product
 
     def __post_init__(self) -> None:
         if self.cold_users not in ("encoder", "mean"):
@@ -89,7 +87,7 @@ class WindowArtefacts:
     graph: Graph | None  # `engagement_graph` of t: the known context items' neighbourhoods (None: items only)
     content: pa.Table | None = None  # `content_embeddings` of t (entity_id, embedding): the known tokens' content
     view: ViewConfig = DEFAULT_VIEW  # the view `entity_embeddings` embedded warm entities with (the checkpoint's)
-    prior_scale: float = 0.0  # the checkpoint's engagement temperature when it trained with the logQ correction, else 0
+    prior_scale: float = 0.0  # the checkpoint's engagement temperature (0: none recorded, no prior)
 
 
 class _ContentLookup:
@@ -422,7 +420,6 @@ def load_artefacts(store, key: str, end_us: int) -> WindowArtefacts:
 
 
 def trained_prior_scale(extra: dict) -> float:
-    """The engagement temperature of a checkpoint trained with the logQ correction (its `extra["train_config"]`), else 0:
-    the scale at which ranking puts the item prior back (module docstring)."""
-    train = (extra or {}).get("train_config", {})
-    return float(train.get("engagement_temp", 0.0)) if train.get("logq_correction") else 0.0
+    """The engagement temperature a checkpoint trained with (its `extra["train_config"]`; 0 when none is recorded): the
+    scale that puts the item prior in the units of its scores (module docstring)."""
+    return float((extra or {}).get("train_config", {}).get("engagement_temp", 0.0))

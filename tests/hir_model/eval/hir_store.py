@@ -21,8 +21,8 @@ from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
 WIDTH = 16
 
 
-def fake_checkpoint(store: PartitionStore, key: str, seed: int = 0, structure_dim: int = 0, logq_temp: float | None = None) -> None:
-    """`logq_temp`: record a training run with the logQ correction at that engagement temperature (its train_config)."""
+def fake_checkpoint(store: PartitionStore, key: str, seed: int = 0, structure_dim: int = 0, temp: float | None = None) -> None:
+    """`temp`: record a training config with that engagement temperature (else none is recorded)."""
     torch.manual_seed(seed)
     enc = Encoder(EncoderConfig(layers=1, heads=2, width=WIDTH, hash_hidden=16, compile_dense_bias=False, structure_dim=structure_dim))
     for p in enc.embed.ids.mlp[-1].parameters():  # the id MLP's output starts at zero: give ids a voice
@@ -30,20 +30,20 @@ def fake_checkpoint(store: PartitionStore, key: str, seed: int = 0, structure_di
     protos = [torch.nn.functional.normalize(torch.randn(k, WIDTH), dim=-1) for k in (2, 3)]
     path = checkpoint_path(store, key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    extra = None if logq_temp is None else {"train_config": {"engagement_temp": logq_temp, "logq_correction": True}}
+    extra = None if temp is None else {"train_config": {"engagement_temp": temp}}
     save_checkpoint(path, enc, protos, step=0, window=key, extra=extra)
 
 
 def hir_store(root: Path, plant_future: bool = False, corrupt_w2: bool = False, windows: int = 2,
-              structure_dim: int = 0, logq_temp: float | None = None) -> PartitionStore:
+              structure_dim: int = 0, temp: float | None = None) -> PartitionStore:
     """tiny_store (with its options) plus engagement_graph, hir_encoder (reading structural encodings of `structure_dim`,
-    trained with the logQ correction at `logq_temp` when given) and entity_embeddings of the first `windows`."""
+    its training config recording engagement temperature `temp` when given) and entity_embeddings of the first `windows`."""
     store = tiny_store(root, plant_future=plant_future, corrupt_w2=corrupt_w2)
     previous = None
     for window in SPEC.windows()[:windows]:
         with store.writing() as staging:
             build_window_graph(store, window, previous, staging)
-        fake_checkpoint(store, window.key, structure_dim=structure_dim, logq_temp=logq_temp)
+        fake_checkpoint(store, window.key, structure_dim=structure_dim, temp=temp)
         build = embed_window(store, window.key, to_us(window.end), EmbedConfig(batch_size=8))
         with store.writing() as staging:
             staging.write_table(EMBEDDINGS_ASSET, window.key, EMBEDDINGS_FILE, embeddings_table(build.embeddings))

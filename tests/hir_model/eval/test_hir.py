@@ -163,8 +163,8 @@ def test_with_structural_encodings_a_cold_user_is_placed_by_its_context(tmp_path
     assert np.isfinite(scores).all() and scores.shape == (1, len(split.items))
 
 
-def test_a_checkpoint_trained_with_the_logq_correction_gets_the_item_prior_back(tmp_path):
-    store = hir_store(tmp_path / "store", logq_temp=0.1)
+def test_scores_add_the_item_prior_in_the_trainings_logit_units(tmp_path):
+    store = hir_store(tmp_path / "store", temp=0.1)
     split, hir, plain = _split(store), _hir(store), _hir(store, prior_weight=0.0)
     assert hir.artefacts.prior_scale == pytest.approx(0.1)
     for m in (hir, plain):
@@ -189,10 +189,9 @@ def test_a_checkpoint_trained_with_the_logq_correction_gets_the_item_prior_back(
     assert "item prior" in rows[0] and "| 0.1 |" in rows[2] and "| none |" in rows[3]
 
 
-def test_without_the_logq_correction_the_scores_stay_the_dot_product(store):
+def test_without_a_recorded_training_config_the_scores_stay_the_dot_product(store):
     assert trained_prior_scale({}) == 0.0
-    assert trained_prior_scale({"train_config": {"engagement_temp": 0.1, "logq_correction": False}}) == 0.0
-    assert trained_prior_scale({"train_config": {"engagement_temp": 0.05, "logq_correction": True}}) == 0.05
+    assert trained_prior_scale({"train_config": {"engagement_temp": 0.05, "logq_correction": False}}) == 0.05
     split, hir = _split(store), _hir(store, prior_weight=3.0)
     hir.fit(split.train, split.items.known())
     assert hir.artefacts.prior_scale == 0.0
