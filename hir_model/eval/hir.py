@@ -1,8 +1,8 @@
-"""HIR as one more `Method`: window t's published embeddings and frozen encoder, scored by dot product.
+"""HIR as one more `Method`: window t's published embeddings and frozen encoder, scored by dot product plus an item prior.
 
 Nothing is fitted here. `fit` checks that the artefacts are window t's (the split's) and lines the published
 `entity_embeddings` up with the split's users and known items; `score` ranks the item space by dot product
-(every published row is unit-norm, so this is a cosine):
+(every published row is unit-norm, so this is a cosine) plus the item prior (below):
 - Warm users: their published row (embedded at end(t) from their sampled neighbourhood).
 - Cold users, inductively with the frozen window-t encoder and no retraining: one token sequence per user, built
   like the teacher's broad view: the user's own token (deep-hash id code + type, no content) at depth 0; the
@@ -29,7 +29,10 @@ factorisation's item bias does: score = u.v + prior_weight * temp * log prior(it
 units (u.v / temp) plus prior_weight times the log prior. temp is the checkpoint's engagement temperature; prior(item)
 the item's decayed engagement in graph(t) at end(t) (`Graph.strength`, the quantity the strength token reads), the
 causal forecast of how often window t+1 engages it. Items with none (unengaged by end(t), first seen in t+1) share
-one floor, half the smallest prior of an engaged item. A checkpoint without a recorded training config gets no prior.
+one floor, half the smallest prior of an engaged item. A checkpoint without a recorded training config, or artefacts
+without graph(t), get no prior.
+
+The context's event types are not part of `Queries` (only whether an event converted), hence the two edge types.
 """
 
 from __future__ import annotations
