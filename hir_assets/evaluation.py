@@ -41,6 +41,7 @@ DESCRIPTION = ("Window t's artefacts on window t+1's events: HIR beside populari
 class WindowEvaluationRun(dg.Config):
     cold_users: str = "encoder"  # HIR's cold users: "encoder" (frozen encoder on their context) or "mean" (of context items)
     warm_start: bool = True  # LightGCN and ALS start from the latest earlier window's saved state
+    prior_weight: float = 1.0  # HIR's item prior in the training's logit units (hir_model.eval.hir); 0: the dot product alone
 
 
 def spec_of(partitions: dg.TimeWindowPartitionsDefinition) -> WindowSpec:
@@ -133,7 +134,8 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
                           source: SourceResource):
         """Evaluate window t on window t+1's events, or skip (with an observation saying why) until they exist."""
         window, store = window_of(context), storage.store()
-        settings = WindowEvalConfig(hir=HIRMethodConfig(cold_users=config.cold_users), warm_start=config.warm_start)
+        settings = WindowEvalConfig(hir=HIRMethodConfig(cold_users=config.cold_users, prior_weight=config.prior_weight),
+                                    warm_start=config.warm_start)
         outcome = evaluate_published_window(store, spec_at_load, window.key, settings, planted_truth(source))
         if not isinstance(outcome, WindowOutcome):
             context.log.warning(outcome.reason)

@@ -17,11 +17,12 @@ from tests.hir_model.eval.hir_store import KEYS, SPEC, hir_store
 torch.set_num_threads(1)
 
 
-def run(store, key: str):
+def run(store, key: str, **config):
     (asset,) = build_evaluation_assets(window_partitions(SPEC))
     source = SourceResource(source="parquet", window="weekly", data_dir=str(store.root), parquet_path=str(store.root))
+    run_config = {"ops": {asset.op.name: {"config": config}}} if config else None
     return dg.materialize([asset], partition_key=key, instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
-                          resources={"storage": LocalPartitionStorage(root=str(store.root)), "source": source})
+                          resources={"storage": LocalPartitionStorage(root=str(store.root)), "source": source}, run_config=run_config)
 
 
 def materialisation(result) -> dict | None:
@@ -108,3 +109,10 @@ def test_the_leak_guard_fails_on_any_read_after_t_but_the_next_windows_events(ev
     guard = check_results(leaked, KEYS[0])[0]
     assert guard.check_name == CAUSAL_READS_CHECK and not guard.passed
     assert guard.metadata["future_reads"].value == [["entity_embeddings", KEYS[1]], ["raw_events", KEYS[2]]]
+
+
+def test_the_item_prior_is_in_hirs_metadata_and_can_be_turned_off_from_run_config(tmp_path):
+    store = hir_store(tmp_path / "store", temp=0.1)
+    on, off = run(store, KEYS[0]), run(store, KEYS[0], prior_weight=0.0)
+    assert on.success and off.success
+    assert materialisation(on)["hir"]["prior_scale"] == pytest.approx(0.1) and materialisation(off)["hir"]["prior_scale"] == 0.0
