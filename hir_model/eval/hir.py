@@ -50,7 +50,8 @@ from hir_model.graph.build import GraphConfig
 from hir_model.graph.csr import Graph
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
-from hir_model.graph.types import EDGE_TYPES, NODE_TYPES, SELF_EDGE, SampledBatch
+from hir_model.graph.types import SELF_EDGE, SampledBatch
+from hir_model.eval.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, Tokens
 from hir_model.eval.method import event_weights
 from hir_model.eval.split import Interactions, ItemSpace, Queries
 from hir_model.nn import collate
@@ -58,8 +59,6 @@ from hir_model.train.checkpoint import TrainedModel
 
 US = 1_000_000
 GRAPH_WEIGHTS = GraphConfig()  # the stage weights a cold user's context would carry in the graph
-USER_TYPE, ITEM_TYPE = NODE_TYPES.index("user"), NODE_TYPES.index("product")
-CLICK_EDGE, PURCHASE_EDGE = EDGE_TYPES.index("click"), EDGE_TYPES.index("purchase")
 
 
 @dataclass(frozen=True)
@@ -267,25 +266,25 @@ class HIR:
         ts, deep = picked["ts"].to_numpy(np.int64), picked["deep"].to_numpy(bool)
         for q, entries in enumerate(by_query):
             shift = (cutoff[q] - a.end_us) / US  # seconds from end(t) to the user's last context event
-            toks = [_Tokens.seed(user_codes[q], width, self.content_dim)]
+            toks = [Tokens.seed(user_codes[q], width, self.content_dim)]
             base = 1
             for e in entries:
                 if sub_of[e] >= 0:
                     s = sub_of[e]
                     lo, hi = sub.offsets[s], sub.offsets[s + 1]
                     content, has = self._content.of_nodes(sub.node[lo:hi])
-                    t = _Tokens.grafted(sub, lo, hi, base, width, content, has, shift)
+                    t = Tokens.grafted(sub, lo, hi, base, width, content, has, shift)
                 else:  # an item first seen in t+1 (or unknown to graph(t)): a leaf
                     codes = hash_codes([items.ids[item[e]]], self.k, self.buckets)
                     c = new_content[e:e + 1] if new_content is not None else np.zeros((1, self.content_dim), np.float32)
-                    t = _Tokens.leaf(codes, base, width, c, new_has[e:e + 1])
+                    t = Tokens.leaf(codes, base, width, c, new_has[e:e + 1])
                 t.edge_type[0] = PURCHASE_EDGE if deep[e] else CLICK_EDGE
                 t.edge_age[0] = (cutoff[q] - ts[e]) / US
                 toks.append(t)
                 base += len(t.depth)
-            parts.append(_Tokens.concat(toks).bfs())
+            parts.append(Tokens.concat(toks).bfs())
             offsets.append(offsets[-1] + base)
-        seq = _Tokens.concat(parts)
+        seq = Tokens.concat(parts)
         strength = a.graph.strength_at(seq.node, a.end_us) if a.graph is not None else np.zeros(len(seq.node), np.float32)
         # the user's own token: the engagement weight of its context, as the graph would hold it (stage weights, undecayed)
         stage = np.where(queries.context_deep, GRAPH_WEIGHTS.purchase, GRAPH_WEIGHTS.click)
@@ -340,59 +339,6 @@ class HIR:
                                 None if batch.structure is None else batch.structure[a:b])
             out.append(model.encoder(collate(part), model.global_tokens).float().cpu().numpy())  # (b, W)
         return np.concatenate(out) if out else np.zeros((0, self.width), np.float32)
-
-
-@dataclass
-class _Tokens:
-    """One sequence's (or several sequences') token arrays while a cold user's sequence is put together."""
-
-    node: np.ndarray  # (T,) graph node, -1 for a token outside graph(t)
-    codes: np.ndarray  # (T, K)
-    node_type: np.ndarray  # (T,)
-    depth: np.ndarray  # (T,)
-    ancestors: np.ndarray  # (T, D + 1) local indices within the sequence, -1 beyond the depth
-    edge_type: np.ndarray  # (T,)
-    edge_age: np.ndarray  # (T,) float64 seconds
-    content: np.ndarray  # (T, C)
-    has: np.ndarray  # (T,)
-
-    @classmethod
-    def seed(cls, codes: np.ndarray, width: int, dim: int) -> _Tokens:
-        anc = np.full((1, width), -1, np.int64)
-        anc[0, 0] = 0
-        return cls(np.full(1, -1, np.int64), codes[None, :], np.full(1, USER_TYPE, np.int64), np.zeros(1, np.int64), anc,
-                   np.full(1, SELF_EDGE, np.int64), np.zeros(1), np.zeros((1, dim), np.float32), np.zeros(1, bool))
-
-    @classmethod
-    def leaf(cls, codes: np.ndarray, base: int, width: int, content: np.ndarray, has: np.ndarray) -> _Tokens:
-        anc = np.full((1, width), -1, np.int64)
-        anc[0, :2] = (0, base)
-        return cls(np.full(1, -1, np.int64), codes, np.full(1, ITEM_TYPE, np.int64), np.ones(1, np.int64), anc,
-                   np.full(1, CLICK_EDGE, np.int64), np.zeros(1), content.astype(np.float32), has.astype(bool))
-
-    @classmethod
-    def grafted(cls, sub: SampledBatch, lo: int, hi: int, base: int, width: int, content: np.ndarray, has: np.ndarray,
-                shift_s: float) -> _Tokens:
-        """An item's sampled tree (tokens lo:hi of `sub`) one level below the user token, starting at local index `base`."""
-        old = sub.ancestors[lo:hi]  # (t, D') local within the item's sequence
-        anc = np.full((hi - lo, width), -1, np.int64)
-        anc[:, 0] = 0
-        anc[:, 1:1 + old.shape[1]] = np.where(old >= 0, old + base, -1)
-        return cls(sub.node[lo:hi].copy(), sub.hash_codes[lo:hi], sub.node_type[lo:hi].copy(), sub.depth[lo:hi] + 1, anc,
-                   sub.edge_type[lo:hi].copy(), sub.edge_age[lo:hi].astype(np.float64) + shift_s, content, has)
-
-    @classmethod
-    def concat(cls, parts: list[_Tokens]) -> _Tokens:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__))
-
-    def bfs(self) -> _Tokens:
-        """The same sequence reordered by depth (stable), local indices remapped: the sampler's layout."""
-        perm = np.argsort(self.depth, kind="stable")
-        new = np.empty(len(perm), np.int64)
-        new[perm] = np.arange(len(perm))
-        anc = np.where(self.ancestors >= 0, new[np.maximum(self.ancestors, 0)], -1)
-        return _Tokens(self.node[perm], self.codes[perm], self.node_type[perm], self.depth[perm], anc[perm], self.edge_type[perm],
-                       self.edge_age[perm], self.content[perm], self.has[perm])
 
 
 def missing_artefacts(store, key: str) -> str | None:
