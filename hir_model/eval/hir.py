@@ -136,6 +136,7 @@ class HIR:
         self.items: np.ndarray | None = None  # (N, W) item vectors of the last scored item space
         self.prior: np.ndarray | None = None  # (N,) weight x temp x log prior of the same items (None: no prior)
         self._items_key: np.ndarray | None = None  # the ids array `items` was computed for
+        self._nodes: tuple[np.ndarray, np.ndarray] | None = None  # (ids array, (N,) graph(t) node of each item) last looked up
         self.cold_encoded = 0  # cold users embedded by the encoder so far (a count for the report)
         self.single_token_items = 0  # items embedded by the single-token path in the last item space
         self._warm_scored: list[np.ndarray] = []  # ids of the warm users scored since the last fit
@@ -169,22 +170,34 @@ class HIR:
         self.prior = self._log_prior(items)
         return out
 
+    @property
+    def prior_scale(self) -> float:
+        """What multiplies log prior(item) in the scores: prior_weight x the checkpoint's temperature (0: no prior)."""
+        return self.config.prior_weight * self.artefacts.prior_scale
+
+    def item_nodes(self, items: ItemSpace) -> np.ndarray:
+        """(N,) graph(t) node of each item of the item space, -1 for none (items first seen in t+1 have none; all when
+        there is no graph); looked up once per item space."""
+        if self._nodes is not None and self._nodes[0] is items.ids:
+            return self._nodes[1]
+        node = np.full(len(items), -1, np.int64)
+        if self.artefacts.graph is not None and items.n_known:
+            node[:items.n_known] = self.artefacts.graph.nodes.index_of(pa.array(list(items.ids[:items.n_known]), pa.string()))
+        self._nodes = (items.ids, node)
+        return node
+
     def _log_prior(self, items: ItemSpace) -> np.ndarray | None:
         """(N,) prior_weight x temp x log of each item's decayed engagement in graph(t), or None when the scores take none
         (module docstring)."""
-        scale = self.config.prior_weight * self.artefacts.prior_scale
         graph = self.artefacts.graph
-        if scale == 0 or graph is None:
+        if self.prior_scale == 0 or graph is None:
             return None
-        node = np.full(len(items), -1, np.int64)  # items first seen in t+1 have no node of graph(t)
-        if items.n_known:
-            node[:items.n_known] = graph.nodes.index_of(pa.array(list(items.ids[:items.n_known]), pa.string()))
-        prior = graph.strength_at(node, self.artefacts.end_us).astype(np.float64)
+        prior = graph.strength_at(self.item_nodes(items), self.artefacts.end_us).astype(np.float64)
         engaged = prior > 0
         if not engaged.any():
             return None
         floor = prior[engaged].min() / 2
-        return (scale * np.log(np.where(engaged, prior, floor))).astype(np.float32)
+        return (self.prior_scale * np.log(np.where(engaged, prior, floor))).astype(np.float32)
 
     def _item_content(self, items: ItemSpace, rows: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         if self.content_dim == 0 or items.content is None or items.content.shape[1] != self.content_dim:
@@ -245,10 +258,7 @@ class HIR:
         picked = picked.sort_values(["q", "ts", "item"], ascending=[True, False, True], kind="stable")
         picked = picked[picked.groupby("q").cumcount() < view.fanout[0]]
         item = picked["item"].to_numpy(np.int64)
-        node = np.full(len(item), -1, np.int64)
-        known = item < items.n_known
-        if a.graph is not None and known.any():
-            node[known] = a.graph.nodes.index_of(pa.array(list(items.ids[item[known]]), pa.string()))
+        node = self.item_nodes(items)[item]
         sub = None
         rooted = np.flatnonzero(node >= 0)
         if len(rooted) and len(view.fanout) > 1:
@@ -302,10 +312,7 @@ class HIR:
         if out is None or self.artefacts.graph is None:
             return out
         ctx = queries.context
-        known = ctx.idx < items.n_known
-        item_node = np.full(len(ctx.idx), -1, np.int64)
-        if known.any():
-            item_node[known] = self.artefacts.graph.nodes.index_of(pa.array(list(items.ids[ctx.idx[known]]), pa.string()))
+        item_node = self.item_nodes(items)[ctx.idx]
         stage = np.where(queries.context_deep, GRAPH_WEIGHTS.purchase, GRAPH_WEIGHTS.click)
         user = np.zeros((len(queries), out.shape[1]))
         np.add.at(user, ctx.row_of, stage[:, None] * self._structure(item_node))

@@ -115,7 +115,7 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
         opened += [("engagement_graph", key)] if artefacts.graph is not None else []
         opened += [(CONTENT_ASSET, key)] if artefacts.content is not None else []
         extras["hir"] = {"evaluated": True, "model_version": artefacts.model.version, "cold_users": config.hir.cold_users,
-                         "prior_scale": config.hir.prior_weight * artefacts.prior_scale}
+                         "prior_scale": hir.prior_scale}
     else:
         extras["hir"] = {"evaluated": False, "reason": hir_missing}
         log.warning("window %s: HIR not evaluated: %s", key, hir_missing)
