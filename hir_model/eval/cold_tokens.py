@@ -1,12 +1,16 @@
 """The token arrays of a cold user's sequence while hir_model.eval.hir puts it together: the user's own token, its
-context items (leaves, or their graph(t) trees grafted one level below the user), concatenated and put in BFS order."""
+context items (leaves, or their graph(t) trees grafted one level below the user), concatenated and put in BFS order;
+and the content vectors of its graph(t) tokens."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
+from hir_model.content import to_matrix
+from hir_model.graph.csr import Graph
 from hir_model.graph.types import EDGE_TYPES, NODE_TYPES, SELF_EDGE, SampledBatch
 
 USER_TYPE, ITEM_TYPE = NODE_TYPES.index("user"), NODE_TYPES.index("product")
@@ -64,3 +68,29 @@ class Tokens:
         anc = np.where(self.ancestors >= 0, new[np.maximum(self.ancestors, 0)], -1)
         return Tokens(self.node[perm], self.codes[perm], self.node_type[perm], self.depth[perm], anc[perm], self.edge_type[perm],
                        self.edge_age[perm], self.content[perm], self.has[perm])
+
+
+class ContentLookup:
+    """Content vectors by graph node (from the content table of t) for the encoder's width, or nothing."""
+
+    def __init__(self, graph: Graph | None, content: pa.Table | None, dim: int):
+        self.dim, self.matrix, self.row = dim, None, None
+        if dim == 0 or content is None or graph is None:
+            return
+        matrix, valid = to_matrix(content.column("embedding"))
+        if matrix.shape[1] != dim:
+            raise ValueError(f"content vectors have {matrix.shape[1]} dims, the encoder expects {dim}")
+        nodes = graph.nodes.index_of(content.column("entity_id"))
+        self.row = np.full(graph.num_nodes, -1, np.int64)
+        keep = (nodes >= 0) & valid
+        self.row[nodes[keep]] = np.flatnonzero(keep)
+        self.matrix = np.nan_to_num(matrix)
+
+    def of_nodes(self, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """((T, C) vectors, (T,) has) of graph nodes (-1: none)."""
+        out, has = np.zeros((len(node), self.dim), np.float32), np.zeros(len(node), bool)
+        if self.matrix is not None:
+            row = np.where(node >= 0, self.row[np.maximum(node, 0)], -1)
+            has = row >= 0
+            out[has] = self.matrix[row[has]]
+        return out, has

@@ -1,9 +1,10 @@
 """HIR as one more `Method`: window t's published embeddings and frozen encoder, scored by dot product plus an item prior.
 
-Nothing is fitted here. `fit` checks that the artefacts are window t's (the split's) and lines the published
-`entity_embeddings` up with the split's users and known items; `score` ranks the item space by dot product
+Only the item prior's weight is fitted (on window t's own last days, below). `fit` checks that the artefacts are window
+t's (the split's) and lines the published `entity_embeddings` up with the split's users and known items; `score` ranks the item space by dot product
 (every published row is unit-norm, so this is a cosine) plus the item prior (below):
-- Warm users: their published row (embedded at end(t) from their sampled neighbourhood).
+- Warm users: their published row (embedded at end(t) from their sampled neighbourhood), blended with the unit mean of
+  their history's item rows weighted towards their own last events (`recent_weight`; hir_model.eval.readout).
 - Cold users, inductively with the frozen window-t encoder and no retraining: one token sequence per user, built
   like the teacher's broad view: the user's own token (deep-hash id code + type, no content) at depth 0; the
   distinct items of their t+1 context (the same context every baseline gets, most recent first, up to fanout[0])
@@ -30,7 +31,9 @@ units (u.v / temp) plus prior_weight times the log prior. temp is the checkpoint
 the item's decayed engagement in graph(t) at end(t) (`Graph.strength`, the quantity the strength token reads), the
 causal forecast of how often window t+1 engages it. Items with none (unengaged by end(t), first seen in t+1) share
 one floor, half the smallest prior of an engaged item. A checkpoint without a recorded training config, or artefacts
-without graph(t), get no prior.
+without graph(t), get no prior. The weight is fitted on window t's own last `calibrate_days` (readout.fit_prior_weight:
+held-out Recall@20 of a few candidate weights); `prior_weight` where too few users are held out, or with
+`calibrate_days=None`.
 
 The context's event types are not part of `Queries` (only whether an event converted), hence the two edge types.
 """
@@ -44,15 +47,15 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from hir_model.content import to_matrix
 from hir_model.embed import DEFAULT_VIEW, EntityEmbeddings, trained_view
 from hir_model.graph.build import GraphConfig
 from hir_model.graph.csr import Graph
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import SELF_EDGE, SampledBatch
-from hir_model.eval.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, Tokens
+from hir_model.eval.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, ContentLookup, Tokens
 from hir_model.eval.method import event_weights
+from hir_model.eval.readout import PriorCalibration, fit_prior_weight, recent_items
 from hir_model.eval.split import Interactions, ItemSpace, Queries
 from hir_model.nn import collate
 from hir_model.train.checkpoint import TrainedModel
@@ -67,15 +70,23 @@ class HIRMethodConfig:
     # warm entities were embedded with (the checkpoint's trained teacher view, as `entity_embeddings` uses)
     compile_bias: bool = False  # compile the dense attention bias (eval batches are few: ~6 s of compiling per process buys little)
     cold_users: str = "encoder"  # "encoder": the frozen encoder on the sequence above; "mean": mean of context rows
-    deep_weight: float = 2.0  # "mean" only: a converted context event weighs this much
+    deep_weight: float = 2.0  # "mean" and the recent-items readout: a converted context event weighs this much
     batch_size: int = 32  # sequences per encoder forward
     seed: int = 0  # of the neighbourhood sampler
     prior_weight: float = 1.0  # the item prior's weight in the training's logit units (module docstring); 0: the plain dot
-    # product
+    # product. With calibrate_days, only where the calibration has too few users
+    calibrate_days: float | None = 7.0  # fit the prior's weight on window t's last days (hir_model.eval.readout); None: off
+    recent_weight: float = 0.7  # a warm user's query: (1 - w) * published row + w * recent items (readout); 0: the row
+    recent_half_life_days: float = 2.0  # recency of the recent-items readout, counted back from the user's last event
 
     def __post_init__(self) -> None:
         if self.cold_users not in ("encoder", "mean"):
             raise ValueError(f"cold_users must be 'encoder' or 'mean', got {self.cold_users!r}")
+        if not 0.0 <= self.recent_weight <= 1.0:
+            raise ValueError(f"recent_weight must be in [0, 1], got {self.recent_weight}")
+        if self.recent_half_life_days <= 0 or (self.calibrate_days is not None and self.calibrate_days <= 0):
+            raise ValueError(f"recent_half_life_days and calibrate_days must be > 0, got {self.recent_half_life_days}, "
+                             f"{self.calibrate_days}")
 
 
 @dataclass(frozen=True)
@@ -92,32 +103,6 @@ class WindowArtefacts:
     prior_scale: float = 0.0  # the checkpoint's engagement temperature (0: none recorded, no prior)
 
 
-class _ContentLookup:
-    """Content vectors by graph node (from the content table of t) for the encoder's width, or nothing."""
-
-    def __init__(self, graph: Graph | None, content: pa.Table | None, dim: int):
-        self.dim, self.matrix, self.row = dim, None, None
-        if dim == 0 or content is None or graph is None:
-            return
-        matrix, valid = to_matrix(content.column("embedding"))
-        if matrix.shape[1] != dim:
-            raise ValueError(f"content vectors have {matrix.shape[1]} dims, the encoder expects {dim}")
-        nodes = graph.nodes.index_of(content.column("entity_id"))
-        self.row = np.full(graph.num_nodes, -1, np.int64)
-        keep = (nodes >= 0) & valid
-        self.row[nodes[keep]] = np.flatnonzero(keep)
-        self.matrix = np.nan_to_num(matrix)
-
-    def of_nodes(self, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """((T, C) vectors, (T,) has) of graph nodes (-1: none)."""
-        out, has = np.zeros((len(node), self.dim), np.float32), np.zeros(len(node), bool)
-        if self.matrix is not None:
-            row = np.where(node >= 0, self.row[np.maximum(node, 0)], -1)
-            has = row >= 0
-            out[has] = self.matrix[row[has]]
-        return out, has
-
-
 class HIR:
     """Window t's HIR artefacts as a ranked method (see the module docstring)."""
 
@@ -131,7 +116,7 @@ class HIR:
         self.k, self.buckets, self.content_dim, self.width = cfg.hash_codes, cfg.hash_buckets, cfg.content_dim, cfg.width
         emb = artefacts.embeddings
         self._row = pd.Index(emb.entity_id)
-        self._content = _ContentLookup(artefacts.graph, artefacts.content, cfg.content_dim)
+        self._content = ContentLookup(artefacts.graph, artefacts.content, cfg.content_dim)
         self.user_rows: np.ndarray | None = None  # (U,) row of each train user in the embeddings, -1 for none
         self.items: np.ndarray | None = None  # (N, W) item vectors of the last scored item space
         self.prior: np.ndarray | None = None  # (N,) weight x temp x log prior of the same items (None: no prior)
@@ -140,13 +125,20 @@ class HIR:
         self.cold_encoded = 0  # cold users embedded by the encoder so far (a count for the report)
         self.single_token_items = 0  # items embedded by the single-token path in the last item space
         self._warm_scored: list[np.ndarray] = []  # ids of the warm users scored since the last fit
+        self.calibration: PriorCalibration | None = None  # the prior's weight fitted on window t's last days (fit)
 
     def fit(self, train: Interactions, items: ItemSpace) -> None:
         a = self.artefacts
         if train.window != a.window or train.end_us != a.end_us:
             raise ValueError(f"{self.name}: artefacts of window {a.window} cannot be evaluated on the split of {train.window}")
         self.user_rows = self._row.get_indexer(train.user_ids).astype(np.int64)
-        self.items, self._items_key, self._warm_scored = None, None, []
+        self.items, self._items_key, self._warm_scored, self.calibration = None, None, [], None
+        c = self.config
+        if c.calibrate_days is not None and c.prior_weight and self.artefacts.prior_scale and a.graph is not None:
+            vectors = self.item_vectors(items)
+            self.calibration = fit_prior_weight(train, vectors, lambda cut: self._unit_log_prior(items, cut), c.calibrate_days,
+                                                c.recent_half_life_days, c.deep_weight)
+            self.items, self._items_key = None, None  # the prior is recomputed with the fitted weight
 
     def warm_users(self) -> np.ndarray:
         """The distinct warm users scored since the last fit (e.g. for BoM vs exact retrieval on the same users)."""
@@ -172,8 +164,13 @@ class HIR:
 
     @property
     def prior_scale(self) -> float:
-        """What multiplies log prior(item) in the scores: prior_weight x the checkpoint's temperature (0: no prior)."""
-        return self.config.prior_weight * self.artefacts.prior_scale
+        """What multiplies log prior(item) in the scores: the prior's weight (fitted on window t's last days, else
+        prior_weight) x the checkpoint's temperature (0: no prior)."""
+        return self.prior_weight * self.artefacts.prior_scale
+
+    @property
+    def prior_weight(self) -> float:
+        return self.calibration.weight if self.calibration is not None else self.config.prior_weight
 
     def item_nodes(self, items: ItemSpace) -> np.ndarray:
         """(N,) graph(t) node of each item of the item space, -1 for none (items first seen in t+1 have none; all when
@@ -189,15 +186,20 @@ class HIR:
     def _log_prior(self, items: ItemSpace) -> np.ndarray | None:
         """(N,) prior_weight x temp x log of each item's decayed engagement in graph(t), or None when the scores take none
         (module docstring)."""
-        graph = self.artefacts.graph
-        if self.prior_scale == 0 or graph is None:
+        if self.prior_scale == 0 or self.artefacts.graph is None:
             return None
-        prior = graph.strength_at(self.item_nodes(items), self.artefacts.end_us).astype(np.float64)
+        unit = self._unit_log_prior(items, self.artefacts.end_us)
+        return None if unit is None else (self.prior_weight * unit).astype(np.float32)
+
+    def _unit_log_prior(self, items: ItemSpace, cutoff_us: int) -> np.ndarray | None:
+        """(N,) temp x log of each item's decayed engagement in graph(t) as of `cutoff_us` (<= end(t)), unengaged items at
+        the floor; None when no item is engaged."""
+        prior = self.artefacts.graph.strength_at(self.item_nodes(items), cutoff_us).astype(np.float64)
         engaged = prior > 0
         if not engaged.any():
             return None
         floor = prior[engaged].min() / 2
-        return (self.prior_scale * np.log(np.where(engaged, prior, floor))).astype(np.float32)
+        return self.artefacts.prior_scale * np.log(np.where(engaged, prior, floor))
 
     def _item_content(self, items: ItemSpace, rows: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         if self.content_dim == 0 or items.content is None or items.content.shape[1] != self.content_dim:
@@ -221,8 +223,13 @@ class HIR:
         item_vectors = self.item_vectors(items)
         users = np.zeros((len(queries), self.width), np.float32)
         rows = np.where(queries.user_index >= 0, self.user_rows[np.maximum(queries.user_index, 0)], -1)
-        users[rows >= 0] = self.artefacts.embeddings.vectors[rows[rows >= 0]]
-        self._warm_scored.append(queries.user_ids[rows >= 0])
+        warm = np.flatnonzero(rows >= 0)
+        users[warm] = self.artefacts.embeddings.vectors[rows[warm]]
+        if len(warm) and self.config.recent_weight:
+            w = self.config.recent_weight
+            recent = recent_items(queries.take(warm), item_vectors, self.config.recent_half_life_days, self.config.deep_weight)
+            users[warm] = (1 - w) * users[warm] + w * recent
+        self._warm_scored.append(queries.user_ids[warm])
         inductive = np.flatnonzero(rows < 0)  # cold users (and a warm user without a row: from their history)
         if len(inductive):
             sub = queries.take(inductive)

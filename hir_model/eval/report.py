@@ -176,9 +176,16 @@ def extras_table(extras: dict[str, dict]) -> str:
 
 
 def _prior(hir: dict) -> str:
-    """The item prior's scale in HIR's scores (hir_model.eval.hir): 'none' without one, '-' when not recorded."""
+    """The item prior's scale in HIR's scores and its weight (hir_model.eval.hir, readout): 'none' without one, '-' when
+    not recorded."""
     scale = hir.get("prior_scale")
-    return "-" if scale is None else ("none" if scale == 0 else f"{scale:g}")
+    if scale is None:
+        return "-"
+    if scale == 0:
+        return "none"
+    fitted = hir.get("prior_calibration")
+    how = f"weight {fitted['weight']:g} fitted on {fitted['users']} users" if fitted else f"weight {hir.get('prior_weight', 1):g}"
+    return f"{scale:g} ({how})"
 
 
 def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str = "HIR window evaluation",

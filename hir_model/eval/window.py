@@ -114,8 +114,7 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
         opened += [("hir_encoder", key), ("entity_embeddings", key)]
         opened += [("engagement_graph", key)] if artefacts.graph is not None else []
         opened += [(CONTENT_ASSET, key)] if artefacts.content is not None else []
-        extras["hir"] = {"evaluated": True, "model_version": artefacts.model.version, "cold_users": config.hir.cold_users,
-                         "prior_scale": hir.prior_scale}
+        extras["hir"] = {"evaluated": True, "model_version": artefacts.model.version, "cold_users": config.hir.cold_users}
     else:
         extras["hir"] = {"evaluated": False, "reason": hir_missing}
         log.warning("window %s: HIR not evaluated: %s", key, hir_missing)
@@ -148,7 +147,10 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
     if isinstance(result, WindowSkipped):
         return result
     if hir is not None:
-        extras["hir"].update(cold_users_encoded=hir.cold_encoded, single_token_items=hir.single_token_items)
+        extras["hir"].update(cold_users_encoded=hir.cold_encoded, single_token_items=hir.single_token_items,
+                             prior_scale=hir.prior_scale, prior_weight=hir.prior_weight,  # as fitted on window t (readout)
+                             prior_calibration=hir.calibration.as_dict() if hir.calibration is not None else None,
+                             recent_weight=config.hir.recent_weight, recent_half_life_days=config.hir.recent_half_life_days)
     agreement = []
     if truth is not None and assignments is not None:
         agreement = planted_agreement(assignments, truth, config.truth_entity_types)

@@ -74,12 +74,16 @@ def test_new_items_take_the_single_token_path_of_the_embeddings_asset(store):
 
 
 def test_scores_are_dot_products_warm_users_looked_up_and_cold_ones_inductive(store):
-    split, hir = _split(store), _hir(store)
-    hir.fit(split.train, split.items.known())
+    split, hir, row_only = _split(store), _hir(store), _hir(store, recent_weight=0.0)
+    for m in (hir, row_only):
+        m.fit(split.train, split.items.known())
     emb = hir.artefacts.embeddings
-    warm = hir.score(split.warm.queries, split.items)
     u1, items = emb.vectors[list(emb.entity_id).index("u1")], hir.item_vectors(split.items)
-    np.testing.assert_allclose(warm[0], items @ u1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(row_only.score(split.warm.queries, split.items)[0], items @ u1, rtol=1e-5, atol=1e-6)
+    # the default query adds u1's recent items: p1 clicked 2 h and bought 1 h before u1's last event, p2 clicked then
+    recent = (2 ** (-2 / 48) + 2 * 2 ** (-1 / 48)) * items[0] + items[1]
+    query = 0.3 * u1 + 0.7 * recent / np.linalg.norm(recent)
+    np.testing.assert_allclose(hir.score(split.warm.queries, split.items)[0], items @ query, rtol=1e-5, atol=1e-6)
     cold = hir.score(split.cold.queries, split.items)
     np.testing.assert_array_equal(cold, hir.score(split.cold.queries, split.items))  # seeded: the same every time
     mean = _hir(store, cold_users="mean")
@@ -186,15 +190,19 @@ def test_scores_add_the_item_prior_in_the_trainings_logit_units(tmp_path):
     from hir_model.eval.report import extras_table
 
     rows = extras_table({KEYS[0]: outcome.extras, KEYS[1]: {"hir": {"evaluated": True, "prior_scale": 0.0}}}).splitlines()
-    assert "item prior" in rows[0] and "| 0.1 |" in rows[2] and "| none |" in rows[3]
+    assert "item prior" in rows[0] and "| 0.1 (weight 1) |" in rows[2] and "| none |" in rows[3]
+    assert hir.calibration is None and outcome.extras["hir"]["prior_calibration"] is None  # 2 warm users: too few to fit
+    fitted = {**outcome.extras["hir"], "prior_scale": 0.3, "prior_weight": 3.0,
+              "prior_calibration": {"weight": 3.0, "users": 41, "cut_us": 0, "recall": {}}}
+    assert "| 0.3 (weight 3 fitted on 41 users) |" in extras_table({KEYS[0]: {"hir": fitted}})
 
 
 def test_without_a_recorded_training_config_the_scores_stay_the_dot_product(store):
     assert trained_prior_scale({}) == 0.0
     assert trained_prior_scale({"train_config": {"engagement_temp": 0.05, "logq_correction": False}}) == 0.05
-    split, hir = _split(store), _hir(store, prior_weight=3.0)
+    split, hir = _split(store), _hir(store, prior_weight=3.0, recent_weight=0.0)
     hir.fit(split.train, split.items.known())
-    assert hir.artefacts.prior_scale == 0.0
+    assert hir.artefacts.prior_scale == 0.0 and hir.calibration is None
     scores, items = hir.score(split.warm.queries, split.items), hir.item_vectors(split.items)
     emb = hir.artefacts.embeddings
     np.testing.assert_allclose(scores[0], items @ emb.vectors[list(emb.entity_id).index("u1")], rtol=1e-5, atol=1e-6)

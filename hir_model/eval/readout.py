@@ -1,0 +1,101 @@
+"""HIR's ranking head for users with a history: what they did last, and how much the item prior weighs.
+
+Two parts, both read only what window t holds (nothing of t+1 but the protocol's context):
+
+- The recent-items readout. A warm user's published row is embedded at end(t) from a neighbourhood sampled by
+  strength, aged from end(t): their long-run interests. What they engage with next follows what they did last (on
+  MovieLens a returning rater picks up where their last session left off), so the query vector adds the unit mean of
+  their history's item rows in the same space, each event weighted by its stage (a conversion counts
+  `deep_weight` times) and by 2^(-age / half-life), age counted back from the user's own last event (not from end(t):
+  a user last seen three weeks ago is still best described by that last session). The query is
+  (1 - recent_weight) * row + recent_weight * recent items; its dot products stay on the cosine scale.
+  This is the long- plus short-term user representation of PinnerSage / PinnerFormer-style systems, in HIR's one
+  metric space.
+- The prior's weight, fitted on window t's own last days. score = query.v + weight * temp * log prior(item): with
+  `calibrate_days`, `fit_prior_weight` holds out the events of the last days before end(t), builds each user's
+  recent-items query from their events before the cut, the prior from graph(t) at the cut, and keeps the candidate
+  weight with the best deep-funnel Recall@k on the held-out events (items of the context excluded, as in the
+  evaluation). Published rows have seen the held-out days, so the calibration scores the recent-items part alone.
+  Nothing after end(t) is read: window t+1 only judges the outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hir_model.eval.method import event_weights
+from hir_model.eval.metrics import Ragged, ranking_metrics
+from hir_model.eval.split import Interactions, Queries, warm_queries
+
+DAY_US = 86_400 * 1_000_000
+WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # candidate prior weights (1: the training's logit units)
+
+
+def recent_items(queries: Queries, item_vectors: np.ndarray, half_life_days: float, deep_weight: float) -> np.ndarray:
+    """(Q, W) unit rows: each query's context item vectors weighted by stage and by recency (module docstring); zero
+    for a query without context."""
+    ctx = queries.context
+    row = ctx.row_of
+    last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(last, row, queries.context_ts)
+    age_days = (last[row] - queries.context_ts) / DAY_US
+    w = event_weights(queries.context_deep, deep_weight) * np.exp2(-age_days / half_life_days)
+    out = np.zeros((len(queries), item_vectors.shape[1]))
+    np.add.at(out, row, w[:, None] * item_vectors[ctx.idx])
+    norm = np.linalg.norm(out, axis=1, keepdims=True)
+    return np.divide(out, norm, out=np.zeros_like(out), where=norm > 0).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class PriorCalibration:
+    weight: float  # the kept weight
+    recall: dict[float, float]  # Recall@k of each candidate weight on the held-out days
+    users: int  # users with held-out deep-funnel targets and an earlier history
+    cut_us: int  # events at or after it were held out
+
+    def as_dict(self) -> dict:
+        return {"weight": self.weight, "users": self.users, "cut_us": self.cut_us,
+                "recall": {str(w): round(r, 4) for w, r in self.recall.items()}}
+
+
+def held_out_split(train: Interactions, cut_us: int) -> tuple[Queries, Ragged] | None:
+    """Users with events both before `cut_us` and deep-funnel events on new items after it: (their queries, context
+    before the cut; their held-out deep-funnel targets, never a context item); None when there are none."""
+    before = train.ts < cut_us
+    pre = replace(train, user=train.user[before], item=train.item[before], ts=train.ts[before], deep=train.deep[before],
+                  end_us=cut_us)
+    after = ~before & train.deep
+    width = np.int64(max(train.n_items, 1))
+    seen = np.isin(train.user[after] * width + train.item[after], pre.user * width + pre.item)
+    users, items = train.user[after][~seen], train.item[after][~seen]
+    has_history = np.bincount(pre.user, minlength=train.n_users) > 0
+    keep = has_history[users]
+    users, items = users[keep], items[keep]
+    rows = np.unique(users)
+    if len(rows) == 0:
+        return None
+    q = np.searchsorted(rows, users)
+    pairs = np.unique(np.stack([q, items]), axis=1)
+    return warm_queries(pre, rows), Ragged.from_pairs(pairs[0], pairs[1], len(rows))
+
+
+def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at: callable, calibrate_days: float,
+                     half_life_days: float, deep_weight: float, min_users: int = 20, k: int = 20,
+                     weights: tuple[float, ...] = WEIGHTS) -> PriorCalibration | None:
+    """The candidate prior weight with the best held-out Recall@k (module docstring); None when fewer than
+    `min_users` users have held-out targets. `item_vectors`: (n_items, W) rows of train's items; `log_prior_at(cut_us)`:
+    (n_items,) temp x log prior of the same items as of the cut (weight 1)."""
+    cut = int(train.end_us - calibrate_days * DAY_US)
+    split = held_out_split(train, cut)
+    if split is None or len(split[0]) < min_users:
+        return None
+    queries, targets = split
+    base = recent_items(queries, item_vectors[:train.n_items], half_life_days, deep_weight) @ item_vectors[:train.n_items].T
+    prior = log_prior_at(cut)[None, :]
+    exclude = Ragged(queries.context.ptr, queries.context.idx)
+    recall = {w: ranking_metrics(base + w * prior, targets, exclude, recall_ks=(k,), ndcg_ks=(k,)).recall[k] for w in weights}
+    best = max(recall.values())
+    weight = min((w for w, r in recall.items() if r == best), key=lambda w: abs(w - 1.0))  # a tie keeps the unit weight
+    return PriorCalibration(weight, recall, len(queries), cut)
