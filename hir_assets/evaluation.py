@@ -41,7 +41,10 @@ DESCRIPTION = ("Window t's artefacts on window t+1's events: HIR beside populari
 class WindowEvaluationRun(dg.Config):
     cold_users: str = "encoder"  # HIR's cold users: "encoder" (frozen encoder on their context) or "mean" (of context items)
     warm_start: bool = True  # LightGCN and ALS start from the latest earlier window's saved state
-    prior_weight: float = 1.0  # HIR's item prior in the training's logit units (hir_model.eval.hir); 0: the dot product alone
+    prior_weight: float = 1.0  # HIR's item prior in the training's logit units (hir_model.eval.hir); 0: the dot product alone.
+    # Used where the weight is not fitted (calibrate_days 0, or too few held-out users)
+    calibrate_days: float = 7.0  # fit the prior's weight on window t's last days (hir_model.eval.readout); 0: off
+    recent_weight: float = 0.7  # a warm user's query: (1 - w) * published row + w * their recent items; 0: the row alone
 
 
 def spec_of(partitions: dg.TimeWindowPartitionsDefinition) -> WindowSpec:
@@ -134,8 +137,9 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
                           source: SourceResource):
         """Evaluate window t on window t+1's events, or skip (with an observation saying why) until they exist."""
         window, store = window_of(context), storage.store()
-        settings = WindowEvalConfig(hir=HIRMethodConfig(cold_users=config.cold_users, prior_weight=config.prior_weight),
-                                    warm_start=config.warm_start)
+        hir = HIRMethodConfig(cold_users=config.cold_users, prior_weight=config.prior_weight,
+                              calibrate_days=config.calibrate_days or None, recent_weight=config.recent_weight)
+        settings = WindowEvalConfig(hir=hir, warm_start=config.warm_start)
         outcome = evaluate_published_window(store, spec_at_load, window.key, settings, planted_truth(source))
         if not isinstance(outcome, WindowOutcome):
             context.log.warning(outcome.reason)
