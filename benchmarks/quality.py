@@ -33,13 +33,17 @@ is built (no NMI / BoM lines).
     python benchmarks/quality.py --cases movielens --set steps=48   # HIR on every MovieLens window, one override
     python benchmarks/quality.py --store .hir/storage/movielens   # HIR beside the baselines on a materialised store
     python benchmarks/quality.py --quick --cases movielens --prior-weight 0   # HIR's scores without the item prior
+    python benchmarks/quality.py --quick --cases movielens --calibrate-days 0 --recent-weight 0   # HIR ranked by its
+                                            # published rows alone, the prior at weight 1 (no recent items, no fit)
 
 `--store` reads a store the pipeline materialised (the demo's: HIR's entity_embeddings, hir_encoder, graph and
 content of every window), evaluates every window with a successor exactly as the `window_evaluation` asset does
 (`evaluate_published_window`, warm-starting window to window in process; nothing is written to the store) and prints
 the same lines with HIR as one more method. The windows come from the configured source (HIR_SOURCE, hir.toml).
 
-Prints one `key=value` line per (case, method, slice, target) with Recall@20 and NDCG@20, a line per case
+Prints, with HIR, a line per evaluated window with the item prior's weight HIR ranked with (`hir_prior_weight`, fitted
+on `hir_prior_fitted_users` users of the window's last days; 0 users: not fitted), then one `key=value` line per
+(case, method, slice, target) with Recall@20 and NDCG@20, a line per case
 with its cost (with HIR first a `hir_build_s` line: seconds of the content stand-in, graphs, training and embedding,
 and the last window's loss and the lowest prototype-usage entropy), the MovieLens
 last-4 line per method, and writes markdown + HTML reports under --out.
@@ -70,6 +74,7 @@ from hir_model.data.source import Source  # noqa: E402
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, build_catalog, build_events  # noqa: E402
 from hir_model.data.windows import WindowSpec  # noqa: E402
 from hir_model.eval.baselines import baselines  # noqa: E402
+from hir_model.eval.hir import HIRMethodConfig  # noqa: E402
 from hir_model.eval.report import evaluated, summary, write_report  # noqa: E402
 from hir_model.eval.run import EvalConfig, evaluate_windows  # noqa: E402
 from hir_model.storage import PartitionStore  # noqa: E402
@@ -154,14 +159,14 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
             "last_loss": losses[-1] if losses else float("nan"), "min_usage_entropy": min(entropy, default=float("nan"))}
 
 
-def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None, prior_weight: float = 1.0) -> list:
+def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None,
+                       hir_config: HIRMethodConfig = HIRMethodConfig()) -> list:
     """Every window of `keys` through `evaluate_published_window` (HIR + baselines), in time order, each warm-starting
-    from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window; `prior_weight`:
-    HIRMethodConfig's (the item prior HIR's scores add, in the training's logit units; 0: none)."""
-    from hir_model.eval.hir import HIRMethodConfig
+    from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window; `hir_config`:
+    how HIR ranks (its item prior, the prior's calibration, the recent-items readout)."""
     from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window
 
-    config = WindowEvalConfig(hir=HIRMethodConfig(prior_weight=prior_weight))
+    config = WindowEvalConfig(hir=hir_config)
 
     results, previous = [], None
     for key in sorted(keys):
@@ -177,7 +182,7 @@ def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None
 
 
 def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int | None = None, last: int = 4,
-             hir=None, prior_weight: float = 1.0) -> list:
+             hir=None, hir_config: HIRMethodConfig = HIRMethodConfig()) -> list:
     """`hir` (a TrainConfig): publish HIR's artefacts trained with it (`publish_hir`) and evaluate as `window_evaluation`
     does, HIR among the methods; None: the baselines only."""
     store = PartitionStore(workdir / name)
@@ -200,8 +205,10 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
         def note(key, outcome):
             if not outcome.extras.get("hir", {}).get("evaluated"):
                 unevaluated[key] = outcome.extras.get("hir", {}).get("reason", "")
+            else:
+                print(f"case={name} window={key} {prior_fields(outcome.extras['hir'])}", flush=True)
 
-        results = evaluate_published(store, spec, keys, on_window=note, prior_weight=prior_weight)
+        results = evaluate_published(store, spec, keys, on_window=note, hir_config=hir_config)
         for key, reason in unevaluated.items():
             print(f"case={name} window={key} hir=no reason={reason!r}", flush=True)
     else:
@@ -241,7 +248,13 @@ def movielens_last(results: list, last: int = 4) -> None:
               f"cold_users_per_window={cold.users_per_window if cold else 0:.1f}", flush=True)
 
 
-def run_store(root: Path, out: Path, last: int = 4, prior_weight: float = 1.0) -> list:
+def prior_fields(hir: dict) -> str:
+    """HIR's item prior in a window (its weight, and the users it was fitted on: 0 when not fitted) as key=value pairs."""
+    fitted = hir.get("prior_calibration") or {}
+    return f"hir_prior_weight={hir.get('prior_weight', float('nan')):g} hir_prior_fitted_users={fitted.get('users', 0)}"
+
+
+def run_store(root: Path, out: Path, last: int = 4, hir_config: HIRMethodConfig = HIRMethodConfig()) -> list:
     """Every window of a materialised store through `evaluate_published_window` (HIR + baselines), in time order."""
     import pyarrow.parquet as pq
 
@@ -257,11 +270,12 @@ def run_store(root: Path, out: Path, last: int = 4, prior_weight: float = 1.0) -
         hir = outcome.extras.get("hir", {})
         print(f"case=store window={key} hir={'yes' if hir.get('evaluated') else 'no (' + hir.get('reason', '') + ')'} "
               + " ".join(f"{t.method}_s={t.fit_s + t.score_s:.2f}" for t in outcome.evaluation.timings)
+              + (f" {prior_fields(hir)}" if hir.get("evaluated") else "")
               + "".join(f" nmi_L{a.level}={a.nmi:.3f} ari_L{a.level}={a.ari:.3f}" for a in outcome.agreement
                         if a.level == a.planted_level), flush=True)
 
     t0 = time.perf_counter()
-    results = evaluate_published(PartitionStore(root), spec, [w.key for w in spec.windows()], truth, line, prior_weight)
+    results = evaluate_published(PartitionStore(root), spec, [w.key for w in spec.windows()], truth, line, hir_config)
     name = f"store_{config.source}"
     for row in summary(results):
         print(f"case={name} method={row.method} users={row.users} items={row.items} target={row.target} windows={row.windows} "
@@ -284,10 +298,17 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a TrainConfig field of HIR's training (JSON value), e.g. --set steps=20")
     parser.add_argument("--prior-weight", type=float, default=1.0,
-                        help="HIR's item prior weight in logit units (hir_model.eval.hir; 0: the plain dot product)")
+                        help="HIR's item prior weight in logit units where it is not fitted (hir_model.eval.hir; "
+                             "0: the plain dot product)")
+    parser.add_argument("--calibrate-days", type=float, default=7.0,
+                        help="fit the prior's weight on each window's last days (hir_model.eval.readout; 0: off)")
+    parser.add_argument("--recent-weight", type=float, default=0.7,
+                        help="a warm user's query: (1 - w) * published row + w * recent items (0: the row alone)")
     args = parser.parse_args()
+    hir_config = HIRMethodConfig(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days or None,
+                                 recent_weight=args.recent_weight)
     if args.store:
-        run_store(args.store, args.out, prior_weight=args.prior_weight)
+        run_store(args.store, args.out, hir_config=hir_config)
         return
     cases = set(args.cases.split(","))
     hir = None if args.no_hir else hir_train_config("synthetic", args.set)
@@ -298,7 +319,7 @@ def main() -> None:
 
             for size in ((20_000, 80_000) if args.quick else (100_000, 400_000)):
                 source = SyntheticSource(replace(SyntheticConfig(), events_per_window=size), workdir / f"synthetic-{size}")
-                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir, prior_weight=args.prior_weight)
+                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir, hir_config=hir_config)
         if "movielens" in cases:
             from hir_model.data.movielens import MovieLensSource
 
@@ -307,7 +328,7 @@ def main() -> None:
             t0 = time.perf_counter()
             hir_ml = None if args.no_hir else hir_train_config("movielens", args.set)
             results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml,
-                               prior_weight=args.prior_weight)
+                               hir_config=hir_config)
             movielens_last(results)
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)
 
