@@ -21,6 +21,7 @@ Two parts, both read only what window t holds (nothing of t+1 but the protocol's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -81,19 +82,23 @@ def held_out_split(train: Interactions, cut_us: int) -> tuple[Queries, Ragged] |
     return warm_queries(pre, rows), Ragged.from_pairs(pairs[0], pairs[1], len(rows))
 
 
-def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at: callable, calibrate_days: float,
+def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at: Callable[[int], np.ndarray | None],
+                     calibrate_days: float,
                      half_life_days: float, deep_weight: float, min_users: int = 20, k: int = 20,
                      weights: tuple[float, ...] = WEIGHTS) -> PriorCalibration | None:
     """The candidate prior weight with the best held-out Recall@k (module docstring); None when fewer than
     `min_users` users have held-out targets. `item_vectors`: (n_items, W) rows of train's items; `log_prior_at(cut_us)`:
-    (n_items,) temp x log prior of the same items as of the cut (weight 1)."""
+    (n_items,) temp x log prior of the same items as of the cut (weight 1), None when no item is engaged by then."""
     cut = int(train.end_us - calibrate_days * DAY_US)
     split = held_out_split(train, cut)
     if split is None or len(split[0]) < min_users:
         return None
+    prior = log_prior_at(cut)
+    if prior is None:  # nothing engaged before the cut: no prior to weigh
+        return None
     queries, targets = split
     base = recent_items(queries, item_vectors[:train.n_items], half_life_days, deep_weight) @ item_vectors[:train.n_items].T
-    prior = log_prior_at(cut)[None, :]
+    prior = prior[None, :]
     exclude = Ragged(queries.context.ptr, queries.context.idx)
     recall = {w: ranking_metrics(base + w * prior, targets, exclude, recall_ks=(k,), ndcg_ks=(k,)).recall[k] for w in weights}
     best = max(recall.values())

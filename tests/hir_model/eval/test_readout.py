@@ -85,3 +85,4 @@ def test_too_few_held_out_users_fit_nothing():
     train, vectors, log_prior_at, _ = _popularity_world("space", n_users=10)
     assert fit_prior_weight(train, vectors, log_prior_at, 7.0, 2.0, 2.0) is None
     assert fit_prior_weight(train, vectors, log_prior_at, 7.0, 2.0, 2.0, min_users=10) is not None
+    assert fit_prior_weight(train, vectors, lambda cut: None, 7.0, 2.0, 2.0, min_users=10) is None  # nothing engaged by the cut
