@@ -25,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pandas as pd
 
 from hir_model.eval.method import event_weights
 from hir_model.eval.metrics import Ragged, ranking_metrics
-from hir_model.eval.split import Interactions, Queries, warm_queries
+from hir_model.eval.split import Interactions, Queries, UserGroup, warm_group
 
 DAY_US = 86_400 * 1_000_000
 WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # candidate prior weights (1: the training's logit units)
@@ -61,46 +62,38 @@ class PriorCalibration:
                 "recall": {str(w): round(r, 4) for w, r in self.recall.items()}}
 
 
-def held_out_split(train: Interactions, cut_us: int) -> tuple[Queries, Ragged] | None:
-    """Users with events both before `cut_us` and deep-funnel events on new items after it: (their queries, context
-    before the cut; their held-out deep-funnel targets, never a context item); None when there are none."""
+def held_out_split(train: Interactions, cut_us: int) -> UserGroup | None:
+    """Window t's last days as the evaluation's warm group (`split.warm_group`): users with events both before `cut_us`
+    and after it, their events before the cut the context, their later items the targets; None when there are none."""
     before = train.ts < cut_us
     pre = replace(train, user=train.user[before], item=train.item[before], ts=train.ts[before], deep=train.deep[before],
                   end_us=cut_us)
-    after = ~before & train.deep
-    width = np.int64(max(train.n_items, 1))
-    seen = np.isin(train.user[after] * width + train.item[after], pre.user * width + pre.item)
-    users, items = train.user[after][~seen], train.item[after][~seen]
-    has_history = np.bincount(pre.user, minlength=train.n_users) > 0
-    keep = has_history[users]
-    users, items = users[keep], items[keep]
-    rows = np.unique(users)
-    if len(rows) == 0:
+    after = ~before & (np.bincount(pre.user, minlength=train.n_users) > 0)[train.user]
+    if not after.any():
         return None
-    q = np.searchsorted(rows, users)
-    pairs = np.unique(np.stack([q, items]), axis=1)
-    return warm_queries(pre, rows), Ragged.from_pairs(pairs[0], pairs[1], len(rows))
+    later = pd.DataFrame({"user_id": train.user_ids[train.user[after]], "item": train.item[after], "deep": train.deep[after]})
+    return warm_group(pre, later)
 
 
 def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at: Callable[[int], np.ndarray | None],
-                     calibrate_days: float,
-                     half_life_days: float, deep_weight: float, min_users: int = 20, k: int = 20,
+                     calibrate_days: float, half_life_days: float, deep_weight: float, min_users: int = 20, k: int = 20,
                      weights: tuple[float, ...] = WEIGHTS) -> PriorCalibration | None:
-    """The candidate prior weight with the best held-out Recall@k (module docstring); None when fewer than
-    `min_users` users have held-out targets. `item_vectors`: (n_items, W) rows of train's items; `log_prior_at(cut_us)`:
+    """The candidate prior weight with the best held-out deep-funnel Recall@k (module docstring); None when fewer than
+    `min_users` users have held-out deep-funnel targets. `item_vectors`: (n_items, W) rows of train's items; `log_prior_at(cut_us)`:
     (n_items,) temp x log prior of the same items as of the cut (weight 1), None when no item is engaged by then."""
     cut = int(train.end_us - calibrate_days * DAY_US)
-    split = held_out_split(train, cut)
-    if split is None or len(split[0]) < min_users:
+    group = held_out_split(train, cut)
+    users = 0 if group is None else int((group.deep_funnel.sizes > 0).sum())
+    if users < min_users:
         return None
     prior = log_prior_at(cut)
     if prior is None:  # nothing engaged before the cut: no prior to weigh
         return None
-    queries, targets = split
+    queries = group.queries
     base = recent_items(queries, item_vectors[:train.n_items], half_life_days, deep_weight) @ item_vectors[:train.n_items].T
-    prior = prior[None, :]
     exclude = Ragged(queries.context.ptr, queries.context.idx)
-    recall = {w: ranking_metrics(base + w * prior, targets, exclude, recall_ks=(k,), ndcg_ks=(k,)).recall[k] for w in weights}
+    recall = {w: ranking_metrics(base + w * prior[None, :], group.deep_funnel, exclude, recall_ks=(k,), ndcg_ks=(k,)).recall[k]
+              for w in weights}
     best = max(recall.values())
     weight = min((w for w, r in recall.items() if r == best), key=lambda w: abs(w - 1.0))  # a tie keeps the unit weight
-    return PriorCalibration(weight, recall, len(queries), cut)
+    return PriorCalibration(weight, recall, users, cut)

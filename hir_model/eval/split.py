@@ -210,7 +210,7 @@ def build_split(history: pa.Table, known: pa.Table, next_events: pa.Table, new: 
     n = n[(n_item >= 0) & (n.ts >= lo_us) & (n.ts < hi_us)].sort_values(["user_id", "ts", "item"], kind="stable")
     warm_rows = pd.Index(user_ids).get_indexer(n.user_id) >= 0
 
-    warm = _warm_group(train, n[warm_rows])
+    warm = warm_group(train, n[warm_rows])
     cold, too_few = _cold_group(n[~warm_rows], config.cold_min_items)
     counts = SplitCounts(len(h), len(user_ids), items.n_known, len(items) - items.n_known, len(n), len(warm.queries),
                          len(cold.queries), too_few, before - len(n))
@@ -234,7 +234,9 @@ def warm_queries(train: Interactions, rows: np.ndarray) -> Queries:
     return Queries(train.user_ids[rows], rows, Ragged(ptr, train.item[pos]), train.ts[pos], train.deep[pos])
 
 
-def _warm_group(train: Interactions, n: pd.DataFrame) -> UserGroup:
+def warm_group(train: Interactions, n: pd.DataFrame) -> UserGroup:
+    """Train users' later events `n` (user_id, item, deep: every user a train user) as the warm group: each user's
+    history is the context, their later items not engaged with before are the targets."""
     width = np.int64(max(train.n_items, int(n.item.max()) + 1 if len(n) else 1))  # (user, item) -> one int64 key
     row = pd.Index(train.user_ids).get_indexer(n.user_id)  # every user here is a train user
     repeat = np.isin(row * width + n.item.to_numpy(np.int64), train.user * width + train.item)

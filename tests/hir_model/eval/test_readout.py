@@ -36,14 +36,16 @@ def test_recent_items_weigh_stage_and_age_from_the_users_own_last_event():
     assert not out[2].any()  # no context: zero
 
 
-def test_the_held_out_split_keeps_new_deep_funnel_items_of_users_with_a_history():
+def test_the_held_out_split_is_the_warm_group_of_the_last_days():
     cut = END - 7 * DAY_US
     train = _train([(0, 0, 80, False), (0, 1, 95, True), (0, 0, 96, True),  # u0: item 1 is new after the cut, item 0 is not
                     (1, 2, 95, True),  # u1: no history before the cut
                     (2, 3, 50, True), (2, 4, 97, False)], 5)  # u2: only a click after the cut
-    queries, targets = held_out_split(train, cut)
-    assert list(queries.user_ids) == ["u0"] and targets.n_rows == 1 and list(targets.row(0)) == [1]
-    assert list(queries.context.idx) == [0] and (queries.context_ts < cut).all()
+    group = held_out_split(train, cut)
+    queries, deep = group.queries, group.deep_funnel
+    assert list(queries.user_ids) == ["u0", "u2"] and list(deep.row(0)) == [1] and list(deep.row(1)) == []
+    assert list(group.engagement.row(1)) == [4]  # u2's click: a target of engagement, not of the deep funnel
+    assert list(queries.context.idx) == [0, 3] and (queries.context_ts < cut).all()
 
 
 def _popularity_world(targets_follow: str, n_users: int = 40):
