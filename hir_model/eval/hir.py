@@ -54,7 +54,6 @@ from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import SELF_EDGE, SampledBatch
 from hir_model.eval.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, ContentLookup, Tokens
-from hir_model.eval.method import event_weights
 from hir_model.eval.readout import PriorCalibration, fit_prior_weight, recent_items
 from hir_model.eval.split import Interactions, ItemSpace, Queries
 from hir_model.nn import collate
@@ -233,20 +232,12 @@ class HIR:
         inductive = np.flatnonzero(rows < 0)  # cold users (and a warm user without a row: from their history)
         if len(inductive):
             sub = queries.take(inductive)
-            users[inductive] = (self._mean_of_context(sub, item_vectors) if self.config.cold_users == "mean"
+            users[inductive] = (recent_items(sub, item_vectors, None, self.config.deep_weight) if self.config.cold_users == "mean"
                                 else self.embed_cold(sub, items))
         scores = users @ item_vectors.T
         if self.prior is not None:
             scores += self.prior[None, :]
         return scores.astype(np.float32)
-
-    def _mean_of_context(self, queries: Queries, item_vectors: np.ndarray) -> np.ndarray:
-        ctx = queries.context
-        w = event_weights(queries.context_deep, self.config.deep_weight)
-        out = np.zeros((len(queries), item_vectors.shape[1]))
-        np.add.at(out, ctx.row_of, w[:, None] * item_vectors[ctx.idx])
-        norm = np.linalg.norm(out, axis=1, keepdims=True)
-        return np.divide(out, norm, out=np.zeros_like(out), where=norm > 0).astype(np.float32)
 
     def embed_cold(self, queries: Queries, items: ItemSpace) -> np.ndarray:
         """(Q, W) users embedded by the frozen encoder from their context (see the module docstring)."""

@@ -27,23 +27,21 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from hir_model.eval.method import event_weights
+from hir_model.eval.method import US_PER_DAY, decay, event_weights
 from hir_model.eval.metrics import Ragged, ranking_metrics
 from hir_model.eval.split import Interactions, Queries, UserGroup, warm_group
 
-DAY_US = 86_400 * 1_000_000
 WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # candidate prior weights (1: the training's logit units)
 
 
-def recent_items(queries: Queries, item_vectors: np.ndarray, half_life_days: float, deep_weight: float) -> np.ndarray:
-    """(Q, W) unit rows: each query's context item vectors weighted by stage and by recency (module docstring); zero
-    for a query without context."""
+def recent_items(queries: Queries, item_vectors: np.ndarray, half_life_days: float | None, deep_weight: float) -> np.ndarray:
+    """(Q, W) unit rows: each query's context item vectors weighted by stage and by recency (module docstring; None:
+    no recency, the plain stage-weighted mean); zero for a query without context."""
     ctx = queries.context
     row = ctx.row_of
     last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
     np.maximum.at(last, row, queries.context_ts)
-    age_days = (last[row] - queries.context_ts) / DAY_US
-    w = event_weights(queries.context_deep, deep_weight) * np.exp2(-age_days / half_life_days)
+    w = event_weights(queries.context_deep, deep_weight) * decay(last[row] - queries.context_ts, half_life_days)
     out = np.zeros((len(queries), item_vectors.shape[1]))
     np.add.at(out, row, w[:, None] * item_vectors[ctx.idx])
     norm = np.linalg.norm(out, axis=1, keepdims=True)
@@ -81,7 +79,7 @@ def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at
     """The candidate prior weight with the best held-out deep-funnel Recall@k (module docstring); None when fewer than
     `min_users` users have held-out deep-funnel targets. `item_vectors`: (n_items, W) rows of train's items; `log_prior_at(cut_us)`:
     (n_items,) temp x log prior of the same items as of the cut (weight 1), None when no item is engaged by then."""
-    cut = int(train.end_us - calibrate_days * DAY_US)
+    cut = int(train.end_us - calibrate_days * US_PER_DAY)
     group = held_out_split(train, cut)
     users = 0 if group is None else int((group.deep_funnel.sizes > 0).sum())
     if users < min_users:
@@ -90,7 +88,8 @@ def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at
     if prior is None:  # nothing engaged before the cut: no prior to weigh
         return None
     queries = group.queries
-    base = recent_items(queries, item_vectors[:train.n_items], half_life_days, deep_weight) @ item_vectors[:train.n_items].T
+    vectors = item_vectors[:train.n_items]
+    base = recent_items(queries, vectors, half_life_days, deep_weight) @ vectors.T
     exclude = Ragged(queries.context.ptr, queries.context.idx)
     recall = {w: ranking_metrics(base + w * prior[None, :], group.deep_funnel, exclude, recall_ks=(k,), ndcg_ks=(k,)).recall[k]
               for w in weights}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from hir_model.eval.metrics import Ragged
-from hir_model.eval.readout import DAY_US, WEIGHTS, fit_prior_weight, held_out_split, recent_items
+from hir_model.eval.method import US_PER_DAY as DAY_US
+from hir_model.eval.readout import WEIGHTS, fit_prior_weight, held_out_split, recent_items
 from hir_model.eval.split import Interactions, Queries
 
 END = 100 * DAY_US
