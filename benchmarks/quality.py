@@ -33,8 +33,9 @@ is built (no NMI / BoM lines).
     python benchmarks/quality.py --cases movielens --set steps=48   # HIR on every MovieLens window, one override
     python benchmarks/quality.py --store .hir/storage/movielens   # HIR beside the baselines on a materialised store
     python benchmarks/quality.py --quick --cases movielens --prior-weight 0   # HIR's scores without the item prior
-    python benchmarks/quality.py --quick --cases movielens --calibrate-days 0 --recent-weight 0   # HIR ranked by its
-                                            # published rows alone, the prior at weight 1 (no recent items, no fit)
+    python benchmarks/quality.py --quick --cases movielens --calibrate-days 0 --recent-weight 0 --kernel-weight 0
+                                            # HIR ranked by its published rows alone, the prior at weight 1
+                                            # (no recent items, no interest kernel, no fit)
 
 `--store` reads a store the pipeline materialised (the demo's: HIR's entity_embeddings, hir_encoder, graph and
 content of every window), evaluates every window with a successor exactly as the `window_evaluation` asset does
@@ -304,9 +305,11 @@ def main() -> None:
                         help="fit the prior's weight on each window's last days (hir_model.eval.readout; 0: off)")
     parser.add_argument("--recent-weight", type=float, default=0.7,
                         help="a warm user's query: (1 - w) * published row + w * recent items (0: the row alone)")
+    parser.add_argument("--kernel-weight", type=float, default=0.7,
+                        help="a warm user's score: (1 - k) * query.v + k * the interest kernel over recent items (0: off)")
     args = parser.parse_args()
     hir_config = HIRMethodConfig(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days or None,
-                                 recent_weight=args.recent_weight)
+                                 recent_weight=args.recent_weight, kernel_weight=args.kernel_weight)
     if args.store:
         run_store(args.store, args.out, hir_config=hir_config)
         return

@@ -4,7 +4,9 @@ Only the item prior's weight is fitted (on window t's own last days, below). `fi
 t's (the split's) and lines the published `entity_embeddings` up with the split's users and known items; `score` ranks the item space by dot product
 (every published row is unit-norm, so this is a cosine) plus the item prior (below):
 - Warm users: their published row (embedded at end(t) from their sampled neighbourhood), blended with the unit mean of
-  their history's item rows weighted towards their own last events (`recent_weight`; hir_model.eval.readout).
+  their history's item rows weighted towards their own last events (`recent_weight`; hir_model.eval.readout); the
+  score is that query's dot product blended with the interest kernel, a soft maximum of the item's similarity to each
+  recent item (`kernel_weight`, `kernel_temp`; readout).
 - Cold users, inductively with the frozen window-t encoder and no retraining: one token sequence per user, built
   like the teacher's broad view: the user's own token (deep-hash id code + type, no content) at depth 0; the
   distinct items of their t+1 context (the same context every baseline gets, most recent first, up to fanout[0])
@@ -54,7 +56,7 @@ from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import SELF_EDGE, SampledBatch
 from hir_model.eval.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, ContentLookup, Tokens
-from hir_model.eval.readout import PriorCalibration, fit_prior_weight, recent_items
+from hir_model.eval.readout import PriorCalibration, fit_prior_weight, interest_kernel, recent_items
 from hir_model.eval.split import Interactions, ItemSpace, Queries
 from hir_model.nn import collate
 from hir_model.train.checkpoint import TrainedModel
@@ -77,12 +79,16 @@ class HIRMethodConfig:
     calibrate_days: float | None = 7.0  # fit the prior's weight on window t's last days (hir_model.eval.readout); None: off
     recent_weight: float = 0.7  # a warm user's query: (1 - w) * published row + w * recent items (readout); 0: the row
     recent_half_life_days: float = 2.0  # recency of the recent-items readout, counted back from the user's last event
+    kernel_weight: float = 0.7  # a warm user's score: (1 - k) * query.v + k * interest kernel over recent items (readout); 0: off
+    kernel_temp: float = 0.1  # the kernel's temperature on cosines (-> 0: the best single recent item; large: their mean)
 
     def __post_init__(self) -> None:
         if self.cold_users not in ("encoder", "mean"):
             raise ValueError(f"cold_users must be 'encoder' or 'mean', got {self.cold_users!r}")
-        if not 0.0 <= self.recent_weight <= 1.0:
-            raise ValueError(f"recent_weight must be in [0, 1], got {self.recent_weight}")
+        if not 0.0 <= self.recent_weight <= 1.0 or not 0.0 <= self.kernel_weight <= 1.0:
+            raise ValueError(f"recent_weight and kernel_weight must be in [0, 1], got {self.recent_weight}, {self.kernel_weight}")
+        if self.kernel_temp <= 0:
+            raise ValueError(f"kernel_temp must be > 0, got {self.kernel_temp}")
         if self.recent_half_life_days <= 0 or (self.calibrate_days is not None and self.calibrate_days <= 0):
             raise ValueError(f"recent_half_life_days and calibrate_days must be > 0, got {self.recent_half_life_days}, "
                              f"{self.calibrate_days}")
@@ -136,7 +142,8 @@ class HIR:
         if c.calibrate_days is not None and c.prior_weight and self.artefacts.prior_scale and a.graph is not None:
             vectors = self.item_vectors(items)
             self.calibration = fit_prior_weight(train, vectors, lambda cut: self._unit_log_prior(items, cut), c.calibrate_days,
-                                                c.recent_half_life_days, c.deep_weight)
+                                                c.recent_half_life_days, c.deep_weight, kernel_weight=c.kernel_weight,
+                                                kernel_temp=c.kernel_temp)
             self.items, self._items_key = None, None  # the prior is recomputed with the fitted weight
 
     def warm_users(self) -> np.ndarray:
@@ -235,6 +242,11 @@ class HIR:
             users[inductive] = (recent_items(sub, item_vectors, None, self.config.deep_weight) if self.config.cold_users == "mean"
                                 else self.embed_cold(sub, items))
         scores = users @ item_vectors.T
+        if len(warm) and self.config.kernel_weight:
+            k = self.config.kernel_weight
+            kernel = interest_kernel(queries.take(warm), item_vectors, self.config.recent_half_life_days, self.config.deep_weight,
+                                     self.config.kernel_temp)
+            scores[warm] = (1 - k) * scores[warm] + k * kernel
         if self.prior is not None:
             scores += self.prior[None, :]
         return scores.astype(np.float32)

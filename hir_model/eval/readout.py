@@ -11,11 +11,18 @@ Two parts, both read only what window t holds (nothing of t+1 but the protocol's
   (1 - recent_weight) * row + recent_weight * recent items; its dot products stay on the cosine scale.
   This is the long- plus short-term user representation of PinnerSage / PinnerFormer-style systems, in HIR's one
   metric space.
+- The interest kernel. One mean of a user's recent items sits between their interests: a user who rated two genres
+  this week is matched best by films halfway between them. `interest_kernel` scores an item by a soft maximum of its
+  similarity to each recent item instead, temp x log sum_c w_c exp(v_c.v / temp) over the user's distinct recent
+  items c, w_c their stage- and recency-weights normalised to sum 1 (the multi-interest idea of PinnerSage, without
+  clustering: the kernel sees every recent item). As temp grows it tends to the weighted mean of the dot products;
+  at temp -> 0 to the best single match. A warm user's score is (1 - kernel_weight) x query.v + kernel_weight x kernel.
 - The prior's weight, fitted on window t's own last days. score = query.v + weight * temp * log prior(item): with
   `calibrate_days`, `fit_prior_weight` holds out the events of the last days before end(t), builds each user's
   recent-items query from their events before the cut, the prior from graph(t) at the cut, and keeps the candidate
   weight with the best deep-funnel Recall@k on the held-out events (items of the context excluded, as in the
-  evaluation). Published rows have seen the held-out days, so the calibration scores the recent-items part alone.
+  evaluation). Published rows have seen the held-out days, so the calibration scores the recent-items part alone (the
+  recent-items query and the kernel, in the score's shares).
   Nothing after end(t) is read: window t+1 only judges the outcome.
 """
 
@@ -34,18 +41,55 @@ from hir_model.eval.split import Interactions, Queries, UserGroup, warm_group
 WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # candidate prior weights (1: the training's logit units)
 
 
+def context_weights(queries: Queries, half_life_days: float | None, deep_weight: float) -> np.ndarray:
+    """(nnz,) weight of each context event: its stage (`deep_weight` for a conversion) x 2^(-age / half-life), age
+    counted back from the query's own last event (None: no recency)."""
+    row = queries.context.row_of
+    last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(last, row, queries.context_ts)
+    return event_weights(queries.context_deep, deep_weight) * decay(last[row] - queries.context_ts, half_life_days)
+
+
 def recent_items(queries: Queries, item_vectors: np.ndarray, half_life_days: float | None, deep_weight: float) -> np.ndarray:
     """(Q, W) unit rows: each query's context item vectors weighted by stage and by recency (module docstring; None:
     no recency, the plain stage-weighted mean); zero for a query without context."""
     ctx = queries.context
     row = ctx.row_of
-    last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(last, row, queries.context_ts)
-    w = event_weights(queries.context_deep, deep_weight) * decay(last[row] - queries.context_ts, half_life_days)
+    w = context_weights(queries, half_life_days, deep_weight)
     out = np.zeros((len(queries), item_vectors.shape[1]))
     np.add.at(out, row, w[:, None] * item_vectors[ctx.idx])
     norm = np.linalg.norm(out, axis=1, keepdims=True)
     return np.divide(out, norm, out=np.zeros_like(out), where=norm > 0).astype(np.float32)
+
+
+def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: float | None, deep_weight: float,
+                    temp: float, min_share: float = 1e-3) -> np.ndarray:
+    """(Q, N) temp x log sum_c w_c exp(v_c . v_i / temp) over each query's distinct context items c (module docstring):
+    w_c the summed `context_weights` of c's events, normalised to sum 1; items below `min_share` of the query's largest
+    weight are left out (they could move a score by at most temp x that share). Zero for a query without context."""
+    ctx = queries.context
+    w = context_weights(queries, half_life_days, deep_weight)
+    out = np.zeros((len(queries), item_vectors.shape[0]), np.float32)
+    for q in np.flatnonzero(ctx.sizes > 0):
+        lo, hi = ctx.ptr[q], ctx.ptr[q + 1]
+        items, inverse = np.unique(ctx.idx[lo:hi], return_inverse=True)
+        weight = np.bincount(inverse, weights=w[lo:hi])
+        keep = weight >= min_share * weight.max()
+        items, weight = items[keep], weight[keep] / weight[keep].sum()
+        sims = item_vectors[items] @ item_vectors.T  # (C, N)
+        top = sims.max(0)
+        out[q] = temp * np.log((weight[:, None] * np.exp((sims - top) / temp)).sum(0)) + top
+    return out
+
+
+def recent_scores(queries: Queries, item_vectors: np.ndarray, half_life_days: float, deep_weight: float, kernel_weight: float,
+                  kernel_temp: float) -> np.ndarray:
+    """(Q, N) what a warm user's recent items add to the score, without their published row: (1 - kernel_weight) x
+    recent_items . v + kernel_weight x interest_kernel (the calibration's query)."""
+    out = (1 - kernel_weight) * (recent_items(queries, item_vectors, half_life_days, deep_weight) @ item_vectors.T)
+    if kernel_weight:
+        out += kernel_weight * interest_kernel(queries, item_vectors, half_life_days, deep_weight, kernel_temp)
+    return out
 
 
 @dataclass(frozen=True)
@@ -75,10 +119,12 @@ def held_out_split(train: Interactions, cut_us: int) -> UserGroup | None:
 
 def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at: Callable[[int], np.ndarray | None],
                      calibrate_days: float, half_life_days: float, deep_weight: float, min_users: int = 20, k: int = 20,
-                     weights: tuple[float, ...] = WEIGHTS) -> PriorCalibration | None:
+                     weights: tuple[float, ...] = WEIGHTS, kernel_weight: float = 0.0,
+                     kernel_temp: float = 0.1) -> PriorCalibration | None:
     """The candidate prior weight with the best held-out deep-funnel Recall@k (module docstring); None when fewer than
     `min_users` users have held-out deep-funnel targets. `item_vectors`: (n_items, W) rows of train's items; `log_prior_at(cut_us)`:
-    (n_items,) temp x log prior of the same items as of the cut (weight 1), None when no item is engaged by then."""
+    (n_items,) temp x log prior of the same items as of the cut (weight 1), None when no item is engaged by then.
+    The held-out users are ranked by `recent_scores` (the kernel's share and temperature as the scores use them)."""
     cut = int(train.end_us - calibrate_days * US_PER_DAY)
     group = held_out_split(train, cut)
     users = 0 if group is None else int((group.deep_funnel.sizes > 0).sum())
@@ -89,7 +135,7 @@ def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at
         return None
     queries = group.queries
     vectors = item_vectors[:train.n_items]
-    base = recent_items(queries, vectors, half_life_days, deep_weight) @ vectors.T
+    base = recent_scores(queries, vectors, half_life_days, deep_weight, kernel_weight, kernel_temp)
     exclude = Ragged(queries.context.ptr, queries.context.idx)
     recall = {w: ranking_metrics(base + w * prior[None, :], group.deep_funnel, exclude, recall_ks=(k,), ndcg_ks=(k,)).recall[k]
               for w in weights}

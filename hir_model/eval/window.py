@@ -150,7 +150,8 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
         extras["hir"].update(cold_users_encoded=hir.cold_encoded, single_token_items=hir.single_token_items,
                              prior_scale=hir.prior_scale, prior_weight=hir.prior_weight,  # as fitted on window t (readout)
                              prior_calibration=hir.calibration.as_dict() if hir.calibration is not None else None,
-                             recent_weight=config.hir.recent_weight, recent_half_life_days=config.hir.recent_half_life_days)
+                             recent_weight=config.hir.recent_weight, recent_half_life_days=config.hir.recent_half_life_days,
+                             kernel_weight=config.hir.kernel_weight, kernel_temp=config.hir.kernel_temp)
     agreement = []
     if truth is not None and assignments is not None:
         agreement = planted_agreement(assignments, truth, config.truth_entity_types)

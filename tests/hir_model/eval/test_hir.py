@@ -74,16 +74,22 @@ def test_new_items_take_the_single_token_path_of_the_embeddings_asset(store):
 
 
 def test_scores_are_dot_products_warm_users_looked_up_and_cold_ones_inductive(store):
-    split, hir, row_only = _split(store), _hir(store), _hir(store, recent_weight=0.0)
-    for m in (hir, row_only):
+    split, hir = _split(store), _hir(store)
+    row_only, no_kernel = _hir(store, recent_weight=0.0, kernel_weight=0.0), _hir(store, kernel_weight=0.0)
+    for m in (hir, row_only, no_kernel):
         m.fit(split.train, split.items.known())
     emb = hir.artefacts.embeddings
     u1, items = emb.vectors[list(emb.entity_id).index("u1")], hir.item_vectors(split.items)
     np.testing.assert_allclose(row_only.score(split.warm.queries, split.items)[0], items @ u1, rtol=1e-5, atol=1e-6)
-    # the default query adds u1's recent items: p1 clicked 2 h and bought 1 h before u1's last event, p2 clicked then
-    recent = (2 ** (-2 / 48) + 2 * 2 ** (-1 / 48)) * items[0] + items[1]
+    # the query adds u1's recent items: p1 clicked 2 h and bought 1 h before u1's last event, p2 clicked then
+    w_p1, w_p2 = 2 ** (-2 / 48) + 2 * 2 ** (-1 / 48), 1.0
+    recent = w_p1 * items[0] + w_p2 * items[1]
     query = 0.3 * u1 + 0.7 * recent / np.linalg.norm(recent)
-    np.testing.assert_allclose(hir.score(split.warm.queries, split.items)[0], items @ query, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(no_kernel.score(split.warm.queries, split.items)[0], items @ query, rtol=1e-5, atol=1e-6)
+    # the default score blends that with the interest kernel over p1 and p2 (weights normalised, temperature 0.1)
+    kernel = 0.1 * np.log((w_p1 * np.exp(items @ items[0] / 0.1) + w_p2 * np.exp(items @ items[1] / 0.1)) / (w_p1 + w_p2))
+    np.testing.assert_allclose(hir.score(split.warm.queries, split.items)[0], 0.3 * (items @ query) + 0.7 * kernel, rtol=1e-5,
+                               atol=1e-5)
     cold = hir.score(split.cold.queries, split.items)
     np.testing.assert_array_equal(cold, hir.score(split.cold.queries, split.items))  # seeded: the same every time
     mean = _hir(store, cold_users="mean")
@@ -200,7 +206,7 @@ def test_scores_add_the_item_prior_in_the_trainings_logit_units(tmp_path):
 def test_without_a_recorded_training_config_the_scores_stay_the_dot_product(store):
     assert trained_prior_scale({}) == 0.0
     assert trained_prior_scale({"train_config": {"engagement_temp": 0.05, "logq_correction": False}}) == 0.05
-    split, hir = _split(store), _hir(store, prior_weight=3.0, recent_weight=0.0)
+    split, hir = _split(store), _hir(store, prior_weight=3.0, recent_weight=0.0, kernel_weight=0.0)
     hir.fit(split.train, split.items.known())
     assert hir.artefacts.prior_scale == 0.0 and hir.calibration is None
     scores, items = hir.score(split.warm.queries, split.items), hir.item_vectors(split.items)

@@ -7,7 +7,7 @@ import numpy as np
 
 from hir_model.eval.metrics import Ragged
 from hir_model.eval.method import US_PER_DAY as DAY_US
-from hir_model.eval.readout import WEIGHTS, fit_prior_weight, held_out_split, recent_items
+from hir_model.eval.readout import WEIGHTS, fit_prior_weight, held_out_split, interest_kernel, recent_items
 from hir_model.eval.split import Interactions, Queries
 
 END = 100 * DAY_US
@@ -89,3 +89,52 @@ def test_too_few_held_out_users_fit_nothing():
     assert fit_prior_weight(train, vectors, log_prior_at, 7.0, 2.0, 2.0) is None
     assert fit_prior_weight(train, vectors, log_prior_at, 7.0, 2.0, 2.0, min_users=10) is not None
     assert fit_prior_weight(train, vectors, lambda cut: None, 7.0, 2.0, 2.0, min_users=10) is None  # nothing engaged by the cut
+
+
+def _two_interests():
+    """A query whose recent items are two orthogonal interests a, b (equal weight); candidates: x, close to a alone, and
+    m, halfway between them."""
+    a, b = np.array([1.0, 0, 0], np.float32), np.array([0, 1.0, 0], np.float32)
+    x, m = np.array([0.9, 0, np.sqrt(0.19)], np.float32), (a + b) / np.sqrt(2)
+    vectors = np.stack([a, b, x, m]).astype(np.float32)
+    queries = Queries(np.array(["q", "empty"], object), np.array([0, 1]), Ragged(np.array([0, 2, 2]), np.array([0, 1])),
+                      np.array([5 * DAY_US, 5 * DAY_US]), np.array([False, False]))
+    return vectors, queries
+
+
+def test_the_interest_kernel_is_a_soft_maximum_over_recent_items_by_hand():
+    vectors, queries = _two_interests()
+    out = interest_kernel(queries, vectors, half_life_days=2.0, deep_weight=2.0, temp=0.1)
+    sims = vectors[:2] @ vectors.T  # (2, 4)
+    np.testing.assert_allclose(out[0], 0.1 * np.log(0.5 * np.exp(sims[0] / 0.1) + 0.5 * np.exp(sims[1] / 0.1)), rtol=1e-5)
+    assert not out[1].any()  # no context: zero
+    # one mean of the two interests ranks m (halfway) first; the kernel ranks x (close to one interest) first
+    mean = recent_items(queries, vectors, 2.0, 2.0)[0] @ vectors.T
+    assert mean[3] > mean[2] and out[0, 2] > out[0, 3]
+    # a high temperature tends to the weighted mean of the dot products
+    np.testing.assert_allclose(interest_kernel(queries, vectors, 2.0, 2.0, temp=1e3)[0], sims.mean(0), atol=1e-3)
+
+
+def test_the_interest_kernel_weighs_repeats_stage_and_age_and_drops_negligible_items():
+    vectors = np.eye(3, dtype=np.float32)
+    # item 0 clicked twice at the query's last event, item 1 bought 2 days before it, item 2 forty days before it
+    queries = Queries(np.array(["q"], object), np.array([0]), Ragged(np.array([0, 4]), np.array([2, 1, 0, 0])),
+                      np.array([10, 48, 50, 50]) * DAY_US, np.array([False, True, False, False]))
+    w = np.array([2.0, 2.0 * 0.5, 2.0 ** -20])  # summed per item: 1 + 1, 2 x 2^-1, 2^-20
+    out = interest_kernel(queries, vectors, half_life_days=2.0, deep_weight=2.0, temp=0.5)[0]
+    kept = w[:2] / w[:2].sum()  # item 2 is below 1e-3 of the largest weight: left out
+    np.testing.assert_allclose(out, 0.5 * np.log(kept @ np.exp(vectors[:2] / 0.5)), rtol=1e-5)
+    kept_all = interest_kernel(queries, vectors, 2.0, 2.0, temp=0.5, min_share=0.0)[0]
+    assert kept_all[2] > out[2]  # kept, item 2 raises its own score
+
+
+def test_the_calibration_ranks_by_the_kernel_it_is_given():
+    """Every user clicked both interests a and b before the cut and buys x (close to a) after it: the mean of a and b
+    ranks m (halfway) first and misses, the kernel ranks x first."""
+    vectors, _ = _two_interests()
+    events = [e for u in range(30) for e in ((u, 0, 90.0, False), (u, 1, 91.0, False), (u, 2, 96.0, True))]
+    train = _train(events, 4)
+    flat = lambda cut: np.zeros(4)  # noqa: E731  (a prior that ranks nothing)
+    mean = fit_prior_weight(train, vectors, flat, 7.0, 2.0, 2.0, k=1)
+    kernel = fit_prior_weight(train, vectors, flat, 7.0, 2.0, 2.0, k=1, kernel_weight=1.0, kernel_temp=0.1)
+    assert mean.users == kernel.users == 30 and mean.recall[1.0] == 0.0 and kernel.recall[1.0] == 1.0
