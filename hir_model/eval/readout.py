@@ -1,6 +1,6 @@
 """HIR's ranking head for users with a history: what they did last, and how much the item prior weighs.
 
-Two parts, both read only what window t holds (nothing of t+1 but the protocol's context):
+Three parts, all reading only what window t holds (nothing of t+1 but the protocol's context):
 
 - The recent-items readout. A warm user's published row is embedded at end(t) from a neighbourhood sampled by
   strength, aged from end(t): their long-run interests. What they engage with next follows what they did last (on
@@ -66,7 +66,7 @@ def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: 
                     temp: float, min_share: float = 1e-3) -> np.ndarray:
     """(Q, N) temp x log sum_c w_c exp(v_c . v_i / temp) over each query's distinct context items c (module docstring):
     w_c the summed `context_weights` of c's events, normalised to sum 1; items below `min_share` of the query's largest
-    weight are left out (they could move a score by at most temp x that share). Zero for a query without context."""
+    weight are left out (at a 2-day half-life, events ~20 days older than the query's last). Zero without context."""
     ctx = queries.context
     w = context_weights(queries, half_life_days, deep_weight)
     out = np.zeros((len(queries), item_vectors.shape[0]), np.float32)
