@@ -56,7 +56,7 @@ from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import SELF_EDGE, SampledBatch
 from hir_model.eval.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, ContentLookup, Tokens
-from hir_model.eval.readout import PriorCalibration, fit_prior_weight, interest_kernel, recent_items
+from hir_model.eval.readout import PriorCalibration, fit_prior_weight, recent_items, warm_scores
 from hir_model.eval.split import Interactions, ItemSpace, Queries
 from hir_model.nn import collate
 from hir_model.train.checkpoint import TrainedModel
@@ -230,11 +230,6 @@ class HIR:
         users = np.zeros((len(queries), self.width), np.float32)
         rows = np.where(queries.user_index >= 0, self.user_rows[np.maximum(queries.user_index, 0)], -1)
         warm = np.flatnonzero(rows >= 0)
-        users[warm] = self.artefacts.embeddings.vectors[rows[warm]]
-        if len(warm) and self.config.recent_weight:
-            w = self.config.recent_weight
-            recent = recent_items(queries.take(warm), item_vectors, self.config.recent_half_life_days, self.config.deep_weight)
-            users[warm] = (1 - w) * users[warm] + w * recent
         self._warm_scored.append(queries.user_ids[warm])
         inductive = np.flatnonzero(rows < 0)  # cold users (and a warm user without a row: from their history)
         if len(inductive):
@@ -242,11 +237,10 @@ class HIR:
             users[inductive] = (recent_items(sub, item_vectors, None, self.config.deep_weight) if self.config.cold_users == "mean"
                                 else self.embed_cold(sub, items))
         scores = users @ item_vectors.T
-        if len(warm) and self.config.kernel_weight:
-            k = self.config.kernel_weight
-            kernel = interest_kernel(queries.take(warm), item_vectors, self.config.recent_half_life_days, self.config.deep_weight,
-                                     self.config.kernel_temp)
-            scores[warm] = (1 - k) * scores[warm] + k * kernel
+        if len(warm):
+            c = self.config
+            scores[warm] = warm_scores(queries.take(warm), item_vectors, self.artefacts.embeddings.vectors[rows[warm]], c.recent_weight,
+                                       c.recent_half_life_days, c.deep_weight, c.kernel_weight, c.kernel_temp)
         if self.prior is not None:
             scores += self.prior[None, :]
         return scores.astype(np.float32)

@@ -82,11 +82,16 @@ def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: 
     return out
 
 
-def recent_scores(queries: Queries, item_vectors: np.ndarray, half_life_days: float, deep_weight: float, kernel_weight: float,
-                  kernel_temp: float) -> np.ndarray:
-    """(Q, N) what a warm user's recent items add to the score, without their published row: (1 - kernel_weight) x
-    recent_items . v + kernel_weight x interest_kernel (the calibration's query)."""
-    out = (1 - kernel_weight) * (recent_items(queries, item_vectors, half_life_days, deep_weight) @ item_vectors.T)
+def warm_scores(queries: Queries, item_vectors: np.ndarray, rows: np.ndarray | None, recent_weight: float, half_life_days: float,
+                deep_weight: float, kernel_weight: float, kernel_temp: float) -> np.ndarray:
+    """(Q, N) a warm user's score before the prior (module docstring): (1 - kernel_weight) x query.v + kernel_weight x
+    interest_kernel, query = (1 - recent_weight) x row + recent_weight x recent_items. rows: (Q, W) the users' published
+    rows, or None for the recent-items part alone (the calibration's score: the rows have seen the held-out days)."""
+    query = rows
+    if rows is None or recent_weight:
+        recent = recent_items(queries, item_vectors, half_life_days, deep_weight)
+        query = recent if rows is None else (1 - recent_weight) * rows + recent_weight * recent
+    out = (1 - kernel_weight) * (query @ item_vectors.T)
     if kernel_weight:
         out += kernel_weight * interest_kernel(queries, item_vectors, half_life_days, deep_weight, kernel_temp)
     return out
@@ -124,7 +129,8 @@ def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at
     """The candidate prior weight with the best held-out deep-funnel Recall@k (module docstring); None when fewer than
     `min_users` users have held-out deep-funnel targets. `item_vectors`: (n_items, W) rows of train's items; `log_prior_at(cut_us)`:
     (n_items,) temp x log prior of the same items as of the cut (weight 1), None when no item is engaged by then.
-    The held-out users are ranked by `recent_scores` (the kernel's share and temperature as the scores use them)."""
+    The held-out users are ranked by `warm_scores` without their rows (the kernel's share and temperature as the scores
+    use them)."""
     cut = int(train.end_us - calibrate_days * US_PER_DAY)
     group = held_out_split(train, cut)
     users = 0 if group is None else int((group.deep_funnel.sizes > 0).sum())
@@ -135,7 +141,7 @@ def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at
         return None
     queries = group.queries
     vectors = item_vectors[:train.n_items]
-    base = recent_scores(queries, vectors, half_life_days, deep_weight, kernel_weight, kernel_temp)
+    base = warm_scores(queries, vectors, None, 1.0, half_life_days, deep_weight, kernel_weight, kernel_temp)
     exclude = Ragged(queries.context.ptr, queries.context.idx)
     recall = {w: ranking_metrics(base + w * prior[None, :], group.deep_funnel, exclude, recall_ks=(k,), ndcg_ks=(k,)).recall[k]
               for w in weights}
