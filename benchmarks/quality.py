@@ -36,6 +36,7 @@ is built (no NMI / BoM lines).
     python benchmarks/quality.py --quick --cases movielens --calibrate-days 0 --recent-weight 0 --kernel-weight 0
                                             # HIR ranked by its published rows alone, the prior at weight 1
                                             # (no recent items, no interest kernel, no fit)
+    python benchmarks/quality.py --quick --cases movielens --cold-structure-weight 0   # cold users by the encoder alone
 
 `--store` reads a store the pipeline materialised (the demo's: HIR's entity_embeddings, hir_encoder, graph and
 content of every window), evaluates every window with a successor exactly as the `window_evaluation` asset does
@@ -307,9 +308,12 @@ def main() -> None:
                         help="a warm user's query: (1 - w) * published row + w * recent items (0: the row alone)")
     parser.add_argument("--kernel-weight", type=float, default=0.7,
                         help="a warm user's score: (1 - k) * query.v + k * the interest kernel over recent items (0: off)")
+    parser.add_argument("--cold-structure-weight", type=float, default=0.85,
+                        help="a cold user's score: (1 - s) * encoder vector.v + s * the structural readout (0: off)")
     args = parser.parse_args()
     hir_config = HIRMethodConfig(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days or None,
-                                 recent_weight=args.recent_weight, kernel_weight=args.kernel_weight)
+                                 recent_weight=args.recent_weight, kernel_weight=args.kernel_weight,
+                                 cold_structure_weight=args.cold_structure_weight)
     if args.store:
         run_store(args.store, args.out, hir_config=hir_config)
         return

@@ -17,9 +17,14 @@ t's (the split's) and lines the published `entity_embeddings` up with the split'
   tree has the shape of a warm user's, the context standing in for the history. When the encoder reads structural
   encodings (hir_model.graph.structure), graph(t)'s tokens carry theirs, and the user's own token the normalised
   stage-weighted sum of its known context items' encodings: where one more hop of the encoding would place a node
-  with those edges (items new in t+1 have none). Nothing of graph(t)
-  is later than end(t), and the context is part of the protocol, so nothing else of t+1 enters.
+  with those edges (items new in t+1 have none). Nothing of graph(t) is later than end(t), and the context is part of
+  the protocol, so nothing else of t+1 enters.
   `cold_users="mean"` uses the normalised weighted mean of the context items' rows instead (a cheaper reference).
+  When the encoder reads structural encodings, a cold user's score blends the encoder's vector with the structural
+  readout (`cold_structure_weight`): the cosine between the user's place in graph(t) (the stage-weighted unit mean of
+  their context items' encodings) and each item's encoding. The encoder loses part of what the encodings hold around a
+  new user's first items (README, Evaluation: the readout alone beat the encoder's vector for cold users); with it, a
+  cold user's item prior weighs `cold_prior_scale` times the weight fitted on returning users.
 - Items first seen in t+1: the encoder's single-token path (the entity_embeddings asset's cold-start path): id
   code, type `product`, and the item's content vector when the item space carries one of the encoder's width
   (the `content_embeddings` vectors of t+1, the only t+1 side information the protocol allows).
@@ -49,17 +54,15 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from hir_model.embed import DEFAULT_VIEW, EntityEmbeddings, trained_view
 from hir_model.graph.build import GraphConfig
-from hir_model.graph.csr import Graph
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import SELF_EDGE, SampledBatch
+from hir_model.eval.artefacts import WindowArtefacts
 from hir_model.eval.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, ContentLookup, Tokens
 from hir_model.eval.readout import PriorCalibration, fit_prior_weight, recent_items, warm_scores
 from hir_model.eval.split import Interactions, ItemSpace, Queries
 from hir_model.nn import collate
-from hir_model.train.checkpoint import TrainedModel
 
 US = 1_000_000
 GRAPH_WEIGHTS = GraphConfig()  # the stage weights a cold user's context would carry in the graph
@@ -81,31 +84,22 @@ class HIRMethodConfig:
     recent_half_life_days: float = 2.0  # recency of the recent-items readout, counted back from the user's last event
     kernel_weight: float = 0.7  # a warm user's score: (1 - k) * query.v + k * interest kernel over recent items (readout); 0: off
     kernel_temp: float = 0.1  # the kernel's temperature on cosines (-> 0: the best single recent item; large: their mean)
+    cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) * encoder vector.v + s * structural readout; 0: off
+    cold_prior_scale: float = 0.7  # with the structural readout, a cold user's item prior: this times the fitted weight
 
     def __post_init__(self) -> None:
         if self.cold_users not in ("encoder", "mean"):
             raise ValueError(f"cold_users must be 'encoder' or 'mean', got {self.cold_users!r}")
-        if not 0.0 <= self.recent_weight <= 1.0 or not 0.0 <= self.kernel_weight <= 1.0:
-            raise ValueError(f"recent_weight and kernel_weight must be in [0, 1], got {self.recent_weight}, {self.kernel_weight}")
+        shares = {"recent_weight": self.recent_weight, "kernel_weight": self.kernel_weight,
+                  "cold_structure_weight": self.cold_structure_weight}
+        if not all(0.0 <= v <= 1.0 for v in shares.values()) or self.cold_prior_scale < 0:
+            raise ValueError(f"{', '.join(shares)} must be in [0, 1] and cold_prior_scale >= 0, got {shares}, "
+                             f"cold_prior_scale={self.cold_prior_scale}")
         if self.kernel_temp <= 0:
             raise ValueError(f"kernel_temp must be > 0, got {self.kernel_temp}")
         if self.recent_half_life_days <= 0 or (self.calibrate_days is not None and self.calibrate_days <= 0):
             raise ValueError(f"recent_half_life_days and calibrate_days must be > 0, got {self.recent_half_life_days}, "
                              f"{self.calibrate_days}")
-
-
-@dataclass(frozen=True)
-class WindowArtefacts:
-    """What HIR publishes for window t (read by `hir_model.eval.run.load_hir_artefacts`)."""
-
-    window: str  # key of window t
-    end_us: int  # end(t)
-    embeddings: EntityEmbeddings  # the `entity_embeddings` table of t
-    model: TrainedModel  # the `hir_encoder` checkpoint of t (frozen)
-    graph: Graph | None  # `engagement_graph` of t: the known context items' neighbourhoods (None: items only)
-    content: pa.Table | None = None  # `content_embeddings` of t (entity_id, embedding): the known tokens' content
-    view: ViewConfig = DEFAULT_VIEW  # the view `entity_embeddings` embedded warm entities with (the checkpoint's)
-    prior_scale: float = 0.0  # the checkpoint's engagement temperature (0: none recorded, no prior)
 
 
 class HIR:
@@ -237,12 +231,19 @@ class HIR:
             users[inductive] = (recent_items(sub, item_vectors, None, self.config.deep_weight) if self.config.cold_users == "mean"
                                 else self.embed_cold(sub, items))
         scores = users @ item_vectors.T
+        c = self.config
+        structure = (self._structure(self.item_nodes(items))
+                     if len(inductive) and c.cold_structure_weight and self.artefacts.graph is not None else None)
+        if structure is not None:  # cold users: the encoder's vector blended with the structural readout (module docstring)
+            placed = recent_items(sub, structure, None, c.deep_weight)
+            scores[inductive] = (1 - c.cold_structure_weight) * scores[inductive] + c.cold_structure_weight * (placed @ structure.T)
         if len(warm):
-            c = self.config
             scores[warm] = warm_scores(queries.take(warm), item_vectors, self.artefacts.embeddings.vectors[rows[warm]], c.recent_weight,
                                        c.recent_half_life_days, c.deep_weight, c.kernel_weight, c.kernel_temp)
         if self.prior is not None:
             scores += self.prior[None, :]
+            if structure is not None:
+                scores[inductive] -= (1 - c.cold_prior_scale) * self.prior[None, :]
         return scores.astype(np.float32)
 
     def embed_cold(self, queries: Queries, items: ItemSpace) -> np.ndarray:
@@ -350,36 +351,3 @@ class HIR:
                                 None if batch.structure is None else batch.structure[a:b])
             out.append(model.encoder(collate(part), model.global_tokens).float().cpu().numpy())  # (b, W)
         return np.concatenate(out) if out else np.zeros((0, self.width), np.float32)
-
-
-def missing_artefacts(store, key: str) -> str | None:
-    """Why window `key` has no HIR artefacts to evaluate (None: they are all there)."""
-    from hir_model.embed import EMBEDDINGS_FILE
-    from hir_model.hierarchy.window import EMBEDDINGS_ASSET, checkpoint_path
-
-    if not store.exists(EMBEDDINGS_ASSET, key, EMBEDDINGS_FILE):
-        return f"{EMBEDDINGS_ASSET} for {key} is not materialised"
-    if not store.exists("hir_encoder", key) or not checkpoint_path(store, key).is_file():
-        return f"hir_encoder for {key} is not materialised"
-    return None
-
-
-def load_artefacts(store, key: str, end_us: int) -> WindowArtefacts:
-    """Window `key`'s published embeddings, checkpoint, graph and content table (the graph and content when present)."""
-    from hir_model.graph.window import has_graph, load_window_graph
-    from hir_model.hierarchy.window import CONTENT_ASSET, CONTENT_FILE, checkpoint_path, load_embeddings, window_model
-    from hir_model.train.checkpoint import load_checkpoint
-
-    model = window_model(store, key)
-    content = None
-    if model.encoder.cfg.content_dim and store.exists(CONTENT_ASSET, key, CONTENT_FILE):
-        content = store.read(CONTENT_ASSET, key, CONTENT_FILE, columns=["entity_id", "embedding"])
-    graph = load_window_graph(store, key) if has_graph(store, key) else None
-    extra = load_checkpoint(checkpoint_path(store, key)).get("extra", {})
-    return WindowArtefacts(key, end_us, load_embeddings(store, key), model, graph, content, trained_view(extra), trained_prior_scale(extra))
-
-
-def trained_prior_scale(extra: dict) -> float:
-    """The engagement temperature a checkpoint trained with (its `extra["train_config"]`; 0 when none is recorded): the
-    scale that puts the item prior in the units of its scores (module docstring)."""
-    return float((extra or {}).get("train_config", {}).get("engagement_temp", 0.0))

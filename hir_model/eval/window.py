@@ -24,7 +24,8 @@ from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import WindowSpec
 from hir_model.eval.agreement import LevelAgreement, planted_agreement, primitive_affinity
 from hir_model.eval.baselines import BaselinesConfig, baselines
-from hir_model.eval.hir import HIR, HIRMethodConfig, load_artefacts, missing_artefacts
+from hir_model.eval.artefacts import load_artefacts, missing_artefacts
+from hir_model.eval.hir import HIR, HIRMethodConfig
 from hir_model.eval.lift import PairFeatures
 from hir_model.eval.method import Method
 from hir_model.eval.publish import (EVALUATION_ASSET, STATE_FILE, load_states, method_state, previous_state_key,
@@ -151,7 +152,8 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
                              prior_scale=hir.prior_scale, prior_weight=hir.prior_weight,  # as fitted on window t (readout)
                              prior_calibration=hir.calibration.as_dict() if hir.calibration is not None else None,
                              recent_weight=config.hir.recent_weight, recent_half_life_days=config.hir.recent_half_life_days,
-                             kernel_weight=config.hir.kernel_weight, kernel_temp=config.hir.kernel_temp)
+                             kernel_weight=config.hir.kernel_weight, kernel_temp=config.hir.kernel_temp,
+                             cold_structure_weight=config.hir.cold_structure_weight, cold_prior_scale=config.hir.cold_prior_scale)
     agreement = []
     if truth is not None and assignments is not None:
         agreement = planted_agreement(assignments, truth, config.truth_entity_types)

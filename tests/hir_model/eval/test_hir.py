@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hir_model.embed.entities import single_token_batch
-from hir_model.eval.hir import HIR, HIRMethodConfig, load_artefacts, trained_prior_scale
+from hir_model.eval.artefacts import load_artefacts, trained_prior_scale
+from hir_model.eval.hir import HIR, HIRMethodConfig
 from hir_model.eval.publish import EVALUATION_ASSET, STATE_FILE, read_evaluation, save_states, summary_table
 from hir_model.eval.run import EvalConfig, TableReader, load_split
 from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
@@ -171,6 +172,34 @@ def test_with_structural_encodings_a_cold_user_is_placed_by_its_context(tmp_path
     assert not np.allclose(hir._encode(batch), blind, atol=1e-4)  # the encoder reads them
     scores = hir.score(split.cold.queries, split.items)
     assert np.isfinite(scores).all() and scores.shape == (1, len(split.items))
+    # the score blends the encoder's vector (0.15) with the structural readout (0.85): u3's place in graph(t), here p2's
+    # encoding, against each item's; p6, first seen in W1, has no encoding and gets the encoder's share alone
+    encoder = _hir(store, cold_structure_weight=0.0)
+    encoder.fit(split.train, split.items.known())
+    items = graph.structure_at(hir.item_nodes(split.items), hir.artefacts.end_us, 8)
+    p2 = list(split.items.ids).index("p2")
+    assert not items[split.items.n_known:].any() and items[p2].any()
+    np.testing.assert_allclose(scores[0], 0.15 * encoder.score(split.cold.queries, split.items)[0] + 0.85 * (items @ items[p2]),
+                               rtol=1e-5, atol=1e-6)
+    assert not np.allclose(scores, encoder.score(split.cold.queries, split.items), atol=1e-3)
+    with pytest.raises(ValueError, match="cold_structure_weight"):
+        HIRMethodConfig(cold_structure_weight=1.5)
+
+
+def test_with_the_structural_readout_a_cold_user_takes_a_share_of_the_prior(tmp_path):
+    store = hir_store(tmp_path / "store", structure_dim=8, temp=0.1)
+    split, items = _split(store), _split(store).items
+    fitted = {}
+    for name, kw in {"default": {}, "whole": {"cold_prior_scale": 1.0}, "plain": {"prior_weight": 0.0}}.items():
+        fitted[name] = _hir(store, **kw)
+        fitted[name].fit(split.train, items.known())
+    gaps = {name: {who: fitted[name].score(q, items) - fitted["plain"].score(q, items)
+                   for who, q in (("warm", split.warm.queries), ("cold", split.cold.queries))} for name in ("default", "whole")}
+    prior = gaps["whole"]["warm"][0]
+    assert np.ptp(prior) > 0.01  # the prior tells items apart
+    np.testing.assert_allclose(gaps["default"]["warm"], np.broadcast_to(prior, gaps["default"]["warm"].shape), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gaps["whole"]["cold"][0], prior, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gaps["default"]["cold"][0], 0.7 * prior, rtol=1e-4, atol=1e-5)
 
 
 def test_scores_add_the_item_prior_in_the_trainings_logit_units(tmp_path):
@@ -184,7 +213,7 @@ def test_scores_add_the_item_prior_in_the_trainings_logit_units(tmp_path):
     assert (prior > 0).any() and items.n_known < len(items)  # engaged items, and p6 first seen in W1
     floor = prior[prior > 0].min() / 2
     expected = 0.1 * np.log(np.concatenate([np.where(prior > 0, prior, floor), np.full(len(items) - items.n_known, floor)]))
-    for queries in (split.warm.queries, split.cold.queries):
+    for queries in (split.warm.queries, split.cold.queries):  # no structural encodings: cold users take the whole prior
         gap = hir.score(queries, items) - plain.score(queries, items)
         np.testing.assert_allclose(gap, np.broadcast_to(expected, gap.shape), rtol=1e-4, atol=1e-5)
     twice = _hir(store, prior_weight=2.0)
