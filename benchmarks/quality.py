@@ -310,10 +310,12 @@ def main() -> None:
                         help="a warm user's score: (1 - k) * query.v + k * the interest kernel over recent items (0: off)")
     parser.add_argument("--cold-structure-weight", type=float, default=0.85,
                         help="a cold user's score: (1 - s) * encoder vector.v + s * the structural readout (0: off)")
+    parser.add_argument("--cold-prior-days", type=float, default=7.0,
+                        help="cold users' item prior: engagements made in their users' first days (0: warm users' prior)")
     args = parser.parse_args()
     hir_config = HIRMethodConfig(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days or None,
                                  recent_weight=args.recent_weight, kernel_weight=args.kernel_weight,
-                                 cold_structure_weight=args.cold_structure_weight)
+                                 cold_structure_weight=args.cold_structure_weight, cold_prior_days=args.cold_prior_days or None)
     if args.store:
         run_store(args.store, args.out, hir_config=hir_config)
         return

@@ -47,6 +47,7 @@ class WindowEvaluationRun(dg.Config):
     recent_weight: float = 0.7  # a warm user's query: (1 - w) * published row + w * their recent items; 0: the row alone
     kernel_weight: float = 0.7  # a warm user's score: (1 - k) * query.v + k * the interest kernel over recent items; 0: off
     cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) * encoder vector.v + s * the structural readout; 0: off
+    cold_prior_days: float = 7.0  # cold users' item prior: engagements in their users' first days (hir_model.eval.readout); 0: warm users' prior
 
 
 def spec_of(partitions: dg.TimeWindowPartitionsDefinition) -> WindowSpec:
@@ -141,7 +142,8 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
         window, store = window_of(context), storage.store()
         hir = HIRMethodConfig(cold_users=config.cold_users, prior_weight=config.prior_weight,
                               calibrate_days=config.calibrate_days or None, recent_weight=config.recent_weight,
-                              kernel_weight=config.kernel_weight, cold_structure_weight=config.cold_structure_weight)
+                              kernel_weight=config.kernel_weight, cold_structure_weight=config.cold_structure_weight,
+                              cold_prior_days=config.cold_prior_days or None)
         settings = WindowEvalConfig(hir=hir, warm_start=config.warm_start)
         outcome = evaluate_published_window(store, spec_at_load, window.key, settings, planted_truth(source))
         if not isinstance(outcome, WindowOutcome):

@@ -23,8 +23,7 @@ t's (the split's) and lines the published `entity_embeddings` up with the split'
   When the encoder reads structural encodings, a cold user's score blends the encoder's vector with the structural
   readout (`cold_structure_weight`): the cosine between the user's place in graph(t) (the stage-weighted unit mean of
   their context items' encodings) and each item's encoding. The encoder loses part of what the encodings hold around a
-  new user's first items (README, Evaluation: the readout alone beat the encoder's vector for cold users); with it, a
-  cold user's item prior weighs `cold_prior_scale` times the weight fitted on returning users.
+  new user's first items (README, Evaluation: the readout alone beat the encoder's vector for cold users).
 - Items first seen in t+1: the encoder's single-token path (the entity_embeddings asset's cold-start path): id
   code, type `product`, and the item's content vector when the item space carries one of the encoder's width
   (the `content_embeddings` vectors of t+1, the only t+1 side information the protocol allows).
@@ -40,7 +39,10 @@ causal forecast of how often window t+1 engages it. Items with none (unengaged b
 one floor, half the smallest prior of an engaged item. A checkpoint without a recorded training config, or artefacts
 without graph(t), get no prior. The weight is fitted on window t's own last `calibrate_days` (readout.fit_prior_weight:
 held-out Recall@20 of a few candidate weights); `prior_weight` where too few users are held out, or with
-`calibrate_days=None`.
+`calibrate_days=None`. With the structural readout, cold users take the new users' prior instead (`cold_prior_days`;
+readout.new_user_engagement): cold_prior_weight x temp x log of each item's engagements made in their users' first
+days, with the same floor rule. Beside the encoder's vector alone it lost (README, Evaluation), so it comes with the
+readout only.
 
 The context's event types are not part of `Queries` (only whether an event converted), hence the two edge types.
 """
@@ -60,7 +62,7 @@ from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import SELF_EDGE, SampledBatch
 from hir_model.eval.artefacts import WindowArtefacts
 from hir_model.eval.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, ContentLookup, Tokens
-from hir_model.eval.readout import PriorCalibration, fit_prior_weight, recent_items, warm_scores
+from hir_model.eval.readout import PriorCalibration, fit_prior_weight, new_user_engagement, recent_items, warm_scores
 from hir_model.eval.split import Interactions, ItemSpace, Queries
 from hir_model.nn import collate
 
@@ -85,16 +87,21 @@ class HIRMethodConfig:
     kernel_weight: float = 0.7  # a warm user's score: (1 - k) * query.v + k * interest kernel over recent items (readout); 0: off
     kernel_temp: float = 0.1  # the kernel's temperature on cosines (-> 0: the best single recent item; large: their mean)
     cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) * encoder vector.v + s * structural readout; 0: off
-    cold_prior_scale: float = 0.7  # with the structural readout, a cold user's item prior: this times the fitted weight
+    cold_prior_days: float | None = 7.0  # with the structural readout, a cold user's item prior: the new users' (engagements
+    # in their first days, readout.new_user_engagement) at cold_prior_weight; None: the prior warm users get
+    cold_prior_weight: float = 0.7  # in the training's logit units, like prior_weight
+    cold_prior_half_life_days: float = 30.0  # the new users' prior counts engagements decayed from end(t) at this half-life
 
     def __post_init__(self) -> None:
         if self.cold_users not in ("encoder", "mean"):
             raise ValueError(f"cold_users must be 'encoder' or 'mean', got {self.cold_users!r}")
         shares = {"recent_weight": self.recent_weight, "kernel_weight": self.kernel_weight,
                   "cold_structure_weight": self.cold_structure_weight}
-        if not all(0.0 <= v <= 1.0 for v in shares.values()) or self.cold_prior_scale < 0:
-            raise ValueError(f"{', '.join(shares)} must be in [0, 1] and cold_prior_scale >= 0, got {shares}, "
-                             f"cold_prior_scale={self.cold_prior_scale}")
+        if not all(0.0 <= v <= 1.0 for v in shares.values()):
+            raise ValueError(f"{', '.join(shares)} must be in [0, 1], got {shares}")
+        if self.cold_prior_weight < 0 or self.cold_prior_half_life_days <= 0 or (self.cold_prior_days is not None and self.cold_prior_days <= 0):
+            raise ValueError(f"cold_prior_weight must be >= 0, cold_prior_half_life_days and cold_prior_days > 0, got "
+                             f"{self.cold_prior_weight}, {self.cold_prior_half_life_days}, {self.cold_prior_days}")
         if self.kernel_temp <= 0:
             raise ValueError(f"kernel_temp must be > 0, got {self.kernel_temp}")
         if self.recent_half_life_days <= 0 or (self.calibrate_days is not None and self.calibrate_days <= 0):
@@ -125,6 +132,8 @@ class HIR:
         self.single_token_items = 0  # items embedded by the single-token path in the last item space
         self._warm_scored: list[np.ndarray] = []  # ids of the warm users scored since the last fit
         self.calibration: PriorCalibration | None = None  # the prior's weight fitted on window t's last days (fit)
+        self.cold_prior: np.ndarray | None = None  # (N,) cold users' prior over the last scored item space (None: self.prior)
+        self._new_user: np.ndarray | None = None  # (n_items,) train items' engagements by new users (fit)
 
     def fit(self, train: Interactions, items: ItemSpace) -> None:
         a = self.artefacts
@@ -133,6 +142,8 @@ class HIR:
         self.user_rows = self._row.get_indexer(train.user_ids).astype(np.int64)
         self.items, self._items_key, self._warm_scored, self.calibration = None, None, [], None
         c = self.config
+        self._new_user = (new_user_engagement(train, c.cold_prior_days, c.cold_prior_half_life_days, c.deep_weight)
+                          if c.cold_prior_days is not None else None)
         if c.calibrate_days is not None and c.prior_weight and self.artefacts.prior_scale and a.graph is not None:
             vectors = self.item_vectors(items)
             self.calibration = fit_prior_weight(train, vectors, lambda cut: self._unit_log_prior(items, cut), c.calibrate_days,
@@ -159,7 +170,7 @@ class HIR:
             content, has = self._item_content(items, missing)
             out[missing] = self._single_tokens(items.ids[missing], content, has)
         self.items, self._items_key, self.single_token_items = out, items.ids, len(missing)
-        self.prior = self._log_prior(items)
+        self.prior, self.cold_prior = self._log_prior(items), self._cold_log_prior(items)
         return out
 
     @property
@@ -190,6 +201,23 @@ class HIR:
             return None
         unit = self._unit_log_prior(items, self.artefacts.end_us)
         return None if unit is None else (self.prior_weight * unit).astype(np.float32)
+
+    @property
+    def structural_readout(self) -> bool:
+        """Whether cold users are scored partly on the structural encodings, and so take the new users' prior (module
+        docstring): the encoder reads encodings of graph(t) and `cold_structure_weight` > 0."""
+        return bool(self.config.cold_structure_weight and self.artefacts.model.encoder.cfg.structure_dim and self.artefacts.graph is not None)
+
+    def _cold_log_prior(self, items: ItemSpace) -> np.ndarray | None:
+        """(N,) cold_prior_weight x temp x log of each item's engagements by new users (items with none, and items first
+        seen in t+1, at half the smallest), or None when cold users take `self.prior` (no structural readout, no new-user
+        prior configured, no prior at all, or no engagement by a new user)."""
+        counts = np.zeros(len(items))
+        if not self.structural_readout or self._new_user is None or self.prior_scale == 0 or not (self._new_user > 0).any():
+            return None
+        counts[:len(self._new_user)] = self._new_user
+        floor = counts[counts > 0].min() / 2
+        return (self.config.cold_prior_weight * self.artefacts.prior_scale * np.log(np.maximum(counts, floor))).astype(np.float32)
 
     def _unit_log_prior(self, items: ItemSpace, cutoff_us: int) -> np.ndarray | None:
         """(N,) temp x log of each item's decayed engagement in graph(t) as of `cutoff_us` (<= end(t)), unengaged items at
@@ -232,8 +260,7 @@ class HIR:
                                 else self.embed_cold(sub, items))
         scores = users @ item_vectors.T
         c = self.config
-        structure = (self._structure(self.item_nodes(items))
-                     if len(inductive) and c.cold_structure_weight and self.artefacts.graph is not None else None)
+        structure = self._structure(self.item_nodes(items)) if len(inductive) and self.structural_readout else None
         if structure is not None:  # cold users: the encoder's vector blended with the structural readout (module docstring)
             placed = recent_items(sub, structure, None, c.deep_weight)
             scores[inductive] = (1 - c.cold_structure_weight) * scores[inductive] + c.cold_structure_weight * (placed @ structure.T)
@@ -241,9 +268,10 @@ class HIR:
             scores[warm] = warm_scores(queries.take(warm), item_vectors, self.artefacts.embeddings.vectors[rows[warm]], c.recent_weight,
                                        c.recent_half_life_days, c.deep_weight, c.kernel_weight, c.kernel_temp)
         if self.prior is not None:
-            scores += self.prior[None, :]
-            if structure is not None:
-                scores[inductive] -= (1 - c.cold_prior_scale) * self.prior[None, :]
+            scores[warm] += self.prior[None, :]
+        cold_prior = self.cold_prior if self.cold_prior is not None else self.prior
+        if cold_prior is not None:
+            scores[inductive] += cold_prior[None, :]
         return scores.astype(np.float32)
 
     def embed_cold(self, queries: Queries, items: ItemSpace) -> np.ndarray:

@@ -117,8 +117,12 @@ def test_the_item_prior_is_in_hirs_metadata_and_can_be_turned_off_from_run_confi
     assert on.success and off.success
     assert materialisation(on)["hir"]["prior_scale"] == pytest.approx(0.1) and materialisation(off)["hir"]["prior_scale"] == 0.0
     assert materialisation(on)["hir"]["recent_weight"] == 0.7 and materialisation(off)["hir"]["prior_calibration"] is None
-    assert materialisation(on)["hir"]["cold_structure_weight"] == 0.85
-    row = run(store, KEYS[0], recent_weight=0.0, calibrate_days=0.0, prior_weight=2.0, kernel_weight=0.0, cold_structure_weight=0.0)
+    assert materialisation(on)["hir"]["cold_structure_weight"] == 0.85 and materialisation(on)["hir"]["cold_prior_days"] == 7.0
+    # this store's encoder reads no structural encodings: no structural readout, so no new users' prior either
+    assert materialisation(on)["hir"]["structural_readout"] is False and materialisation(on)["hir"]["cold_prior"] is False
+    row = run(store, KEYS[0], recent_weight=0.0, calibrate_days=0.0, prior_weight=2.0, kernel_weight=0.0, cold_structure_weight=0.0,
+              cold_prior_days=0.0)
     assert row.success and materialisation(row)["hir"]["recent_weight"] == 0.0 == materialisation(row)["hir"]["kernel_weight"]
     assert materialisation(row)["hir"]["cold_structure_weight"] == 0.0
+    assert materialisation(row)["hir"]["cold_prior_days"] is None
     assert materialisation(row)["hir"]["prior_weight"] == 2.0 and materialisation(row)["hir"]["prior_scale"] == pytest.approx(0.2)

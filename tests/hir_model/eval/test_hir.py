@@ -12,6 +12,7 @@ from hir_model.embed.entities import single_token_batch
 from hir_model.eval.artefacts import load_artefacts, trained_prior_scale
 from hir_model.eval.hir import HIR, HIRMethodConfig
 from hir_model.eval.publish import EVALUATION_ASSET, STATE_FILE, read_evaluation, save_states, summary_table
+from hir_model.eval.readout import new_user_engagement
 from hir_model.eval.run import EvalConfig, TableReader, load_split
 from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
 from hir_model.graph.build import GraphConfig
@@ -186,20 +187,30 @@ def test_with_structural_encodings_a_cold_user_is_placed_by_its_context(tmp_path
         HIRMethodConfig(cold_structure_weight=1.5)
 
 
-def test_with_the_structural_readout_a_cold_user_takes_a_share_of_the_prior(tmp_path):
+def test_with_the_structural_readout_cold_users_take_the_new_users_prior(tmp_path):
     store = hir_store(tmp_path / "store", structure_dim=8, temp=0.1)
-    split, items = _split(store), _split(store).items
-    fitted = {}
-    for name, kw in {"default": {}, "whole": {"cold_prior_scale": 1.0}, "plain": {"prior_weight": 0.0}}.items():
-        fitted[name] = _hir(store, **kw)
-        fitted[name].fit(split.train, items.known())
-    gaps = {name: {who: fitted[name].score(q, items) - fitted["plain"].score(q, items)
-                   for who, q in (("warm", split.warm.queries), ("cold", split.cold.queries))} for name in ("default", "whole")}
-    prior = gaps["whole"]["warm"][0]
-    assert np.ptp(prior) > 0.01  # the prior tells items apart
-    np.testing.assert_allclose(gaps["default"]["warm"], np.broadcast_to(prior, gaps["default"]["warm"].shape), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(gaps["whole"]["cold"][0], prior, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(gaps["default"]["cold"][0], 0.7 * prior, rtol=1e-4, atol=1e-5)
+    split = _split(store)
+    items = split.items
+    fitted = {name: _hir(store, **kw) for name, kw in
+              {"default": {}, "general": {"cold_prior_days": None}, "plain": {"prior_weight": 0.0}}.items()}
+    for m in fitted.values():
+        m.fit(split.train, items.known())
+    gap = {name: {who: fitted[name].score(q, items) - fitted["plain"].score(q, items)
+                  for who, q in (("warm", split.warm.queries), ("cold", split.cold.queries))} for name in ("default", "general")}
+    counts = np.zeros(len(items))
+    counts[:items.n_known] = new_user_engagement(split.train, 7.0, 30.0, 2.0)
+    assert (counts > 0).any() and (counts == 0).any()  # u3's items are new-user items, p6 (first seen in W1) is not
+    expected = 0.7 * 0.1 * np.log(np.maximum(counts, counts[counts > 0].min() / 2))
+    np.testing.assert_allclose(gap["default"]["cold"][0], expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gap["default"]["warm"], gap["general"]["warm"], rtol=1e-5, atol=1e-6)  # warm users: graph(t)'s
+    np.testing.assert_allclose(gap["general"]["cold"][0], gap["general"]["warm"][0], rtol=1e-4, atol=1e-5)  # off: the same prior
+    assert not np.allclose(gap["default"]["cold"][0], gap["general"]["cold"][0], atol=1e-3)
+    without = hir_store(tmp_path / "plain", temp=0.1)  # no structural encodings: cold users keep graph(t)'s prior
+    one, none = _hir(without), _hir(without, prior_weight=0.0)
+    for m in (one, none):
+        m.fit(split.train, items.known())
+    cold_gap, warm_gap = (one.score(q, items) - none.score(q, items) for q in (split.cold.queries, split.warm.queries))
+    np.testing.assert_allclose(cold_gap[0], warm_gap[0], rtol=1e-4, atol=1e-5)
 
 
 def test_scores_add_the_item_prior_in_the_trainings_logit_units(tmp_path):
@@ -213,9 +224,8 @@ def test_scores_add_the_item_prior_in_the_trainings_logit_units(tmp_path):
     assert (prior > 0).any() and items.n_known < len(items)  # engaged items, and p6 first seen in W1
     floor = prior[prior > 0].min() / 2
     expected = 0.1 * np.log(np.concatenate([np.where(prior > 0, prior, floor), np.full(len(items) - items.n_known, floor)]))
-    for queries in (split.warm.queries, split.cold.queries):  # no structural encodings: cold users take the whole prior
-        gap = hir.score(queries, items) - plain.score(queries, items)
-        np.testing.assert_allclose(gap, np.broadcast_to(expected, gap.shape), rtol=1e-4, atol=1e-5)
+    gap = hir.score(split.warm.queries, items) - plain.score(split.warm.queries, items)
+    np.testing.assert_allclose(gap, np.broadcast_to(expected, gap.shape), rtol=1e-4, atol=1e-5)
     twice = _hir(store, prior_weight=2.0)
     twice.fit(split.train, items.known())
     np.testing.assert_allclose(twice.score(split.warm.queries, items) - plain.score(split.warm.queries, items),

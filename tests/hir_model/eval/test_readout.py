@@ -7,7 +7,8 @@ import numpy as np
 
 from hir_model.eval.metrics import Ragged
 from hir_model.eval.method import US_PER_DAY as DAY_US
-from hir_model.eval.readout import WEIGHTS, fit_prior_weight, held_out_split, interest_kernel, recent_items
+from hir_model.eval.readout import (WEIGHTS, fit_prior_weight, held_out_split, interest_kernel, new_user_engagement,
+                                    recent_items)
 from hir_model.eval.split import Interactions, Queries
 
 END = 100 * DAY_US
@@ -47,6 +48,16 @@ def test_the_held_out_split_is_the_warm_group_of_the_last_days():
     assert list(queries.user_ids) == ["u0", "u2"] and list(deep.row(0)) == [1] and list(deep.row(1)) == []
     assert list(group.engagement.row(1)) == [4]  # u2's click: a target of engagement, not of the deep funnel
     assert list(queries.context.idx) == [0, 3] and (queries.context_ts < cut).all()
+
+
+def test_the_new_users_prior_counts_engagements_in_their_users_first_days():
+    train = _train([(0, 0, 10, False), (0, 1, 16, True), (0, 2, 17, False),  # u0 from day 10: days 10 and 16 are early
+                    (1, 2, 90, False), (1, 1, 91, False),  # u1 from day 90: both early
+                    (2, 3, 5, True), (2, 3, 99, True)], 4)  # u2 from day 5: day 99 is not
+    out = new_user_engagement(train, days=7.0, half_life_days=None, deep_weight=2.0)
+    np.testing.assert_allclose(out, [1.0, 2.0 + 1.0, 1.0, 2.0])  # u0's day-17 click on item 2 is a day too late
+    decayed = new_user_engagement(train, days=7.0, half_life_days=10.0, deep_weight=2.0)  # END is day 100
+    np.testing.assert_allclose(decayed, [2 ** -9.0, 2 * 2 ** -8.4 + 2 ** -0.9, 2 ** -1.0, 2 * 2 ** -9.5])
 
 
 def _popularity_world(targets_follow: str, n_users: int = 40):
