@@ -47,7 +47,8 @@ class WindowEvaluationRun(dg.Config):
     recent_weight: float = 0.7  # a warm user's query: (1 - w) * published row + w * their recent items; 0: the row alone
     kernel_weight: float = 0.7  # a warm user's score: (1 - k) * query.v + k * the interest kernel over recent items; 0: off
     cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) * encoder vector.v + s * the structural readout; 0: off
-    cold_prior_days: float = 7.0  # cold users' item prior: engagements in their users' first days (hir_model.eval.readout); 0: warm users' prior
+    cold_prior_days: float = 7.0  # with the structural readout, cold users' item prior: engagements in their users' first
+    # days (hir_model.eval.readout); 0: the warm users' prior
 
 
 def spec_of(partitions: dg.TimeWindowPartitionsDefinition) -> WindowSpec:

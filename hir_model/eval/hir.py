@@ -99,7 +99,8 @@ class HIRMethodConfig:
                   "cold_structure_weight": self.cold_structure_weight}
         if not all(0.0 <= v <= 1.0 for v in shares.values()):
             raise ValueError(f"{', '.join(shares)} must be in [0, 1], got {shares}")
-        if self.cold_prior_weight < 0 or self.cold_prior_half_life_days <= 0 or (self.cold_prior_days is not None and self.cold_prior_days <= 0):
+        days = self.cold_prior_days
+        if self.cold_prior_weight < 0 or self.cold_prior_half_life_days <= 0 or (days is not None and days <= 0):
             raise ValueError(f"cold_prior_weight must be >= 0, cold_prior_half_life_days and cold_prior_days > 0, got "
                              f"{self.cold_prior_weight}, {self.cold_prior_half_life_days}, {self.cold_prior_days}")
         if self.kernel_temp <= 0:
@@ -206,15 +207,16 @@ class HIR:
     def structural_readout(self) -> bool:
         """Whether cold users are scored partly on the structural encodings, and so take the new users' prior (module
         docstring): the encoder reads encodings of graph(t) and `cold_structure_weight` > 0."""
-        return bool(self.config.cold_structure_weight and self.artefacts.model.encoder.cfg.structure_dim and self.artefacts.graph is not None)
+        a = self.artefacts
+        return bool(self.config.cold_structure_weight and a.model.encoder.cfg.structure_dim and a.graph is not None)
 
     def _cold_log_prior(self, items: ItemSpace) -> np.ndarray | None:
         """(N,) cold_prior_weight x temp x log of each item's engagements by new users (items with none, and items first
         seen in t+1, at half the smallest), or None when cold users take `self.prior` (no structural readout, no new-user
         prior configured, no prior at all, or no engagement by a new user)."""
-        counts = np.zeros(len(items))
         if not self.structural_readout or self._new_user is None or self.prior_scale == 0 or not (self._new_user > 0).any():
             return None
+        counts = np.zeros(len(items))
         counts[:len(self._new_user)] = self._new_user
         floor = counts[counts > 0].min() / 2
         return (self.config.cold_prior_weight * self.artefacts.prior_scale * np.log(np.maximum(counts, floor))).astype(np.float32)

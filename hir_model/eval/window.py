@@ -155,7 +155,8 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
                              kernel_weight=config.hir.kernel_weight, kernel_temp=config.hir.kernel_temp,
                              cold_structure_weight=config.hir.cold_structure_weight, cold_prior_days=config.hir.cold_prior_days,
                              cold_prior_weight=config.hir.cold_prior_weight,
-                             cold_prior_half_life_days=config.hir.cold_prior_half_life_days, structural_readout=hir.structural_readout, cold_prior=hir.cold_prior is not None)
+                             cold_prior_half_life_days=config.hir.cold_prior_half_life_days,
+                             structural_readout=hir.structural_readout, cold_prior=hir.cold_prior is not None)
     agreement = []
     if truth is not None and assignments is not None:
         agreement = planted_agreement(assignments, truth, config.truth_entity_types)
