@@ -134,7 +134,7 @@ class HIR:
         self._warm_scored: list[np.ndarray] = []  # ids of the warm users scored since the last fit
         self.calibration: PriorCalibration | None = None  # the prior's weight fitted on window t's last days (fit)
         self.cold_prior: np.ndarray | None = None  # (N,) cold users' prior over the last scored item space (None: self.prior)
-        self._new_user: np.ndarray | None = None  # (n_items,) train items' engagements by new users (fit)
+        self._new_user: np.ndarray | None = None  # (n_items,) train items' engagements by new users (fit; with the readout)
 
     def fit(self, train: Interactions, items: ItemSpace) -> None:
         a = self.artefacts
@@ -144,7 +144,7 @@ class HIR:
         self.items, self._items_key, self._warm_scored, self.calibration = None, None, [], None
         c = self.config
         self._new_user = (new_user_engagement(train, c.cold_prior_days, c.cold_prior_half_life_days, c.deep_weight)
-                          if c.cold_prior_days is not None else None)
+                          if c.cold_prior_days is not None and self.structural_readout else None)
         if c.calibrate_days is not None and c.prior_weight and self.artefacts.prior_scale and a.graph is not None:
             vectors = self.item_vectors(items)
             self.calibration = fit_prior_weight(train, vectors, lambda cut: self._unit_log_prior(items, cut), c.calibrate_days,
@@ -214,7 +214,7 @@ class HIR:
         """(N,) cold_prior_weight x temp x log of each item's engagements by new users (items with none, and items first
         seen in t+1, at half the smallest), or None when cold users take `self.prior` (no structural readout, no new-user
         prior configured, no prior at all, or no engagement by a new user)."""
-        if not self.structural_readout or self._new_user is None or self.prior_scale == 0 or not (self._new_user > 0).any():
+        if self._new_user is None or self.prior_scale == 0 or not (self._new_user > 0).any():
             return None
         counts = np.zeros(len(items))
         counts[:len(self._new_user)] = self._new_user
