@@ -214,22 +214,25 @@ class HIR:
         """(N,) cold_prior_weight x temp x log of each item's engagements by new users (items with none, and items first
         seen in t+1, at half the smallest), or None when cold users take `self.prior` (no structural readout, no new-user
         prior configured, no prior at all, or no engagement by a new user)."""
-        if self._new_user is None or self.prior_scale == 0 or not (self._new_user > 0).any():
+        if self._new_user is None or self.prior_scale == 0:
             return None
         counts = np.zeros(len(items))
         counts[:len(self._new_user)] = self._new_user
-        floor = counts[counts > 0].min() / 2
-        return (self.config.cold_prior_weight * self.artefacts.prior_scale * np.log(np.maximum(counts, floor))).astype(np.float32)
+        unit = self._floored_log(counts)
+        return None if unit is None else (self.config.cold_prior_weight * unit).astype(np.float32)
 
     def _unit_log_prior(self, items: ItemSpace, cutoff_us: int) -> np.ndarray | None:
         """(N,) temp x log of each item's decayed engagement in graph(t) as of `cutoff_us` (<= end(t)), unengaged items at
         the floor; None when no item is engaged."""
-        prior = self.artefacts.graph.strength_at(self.item_nodes(items), cutoff_us).astype(np.float64)
-        engaged = prior > 0
+        return self._floored_log(self.artefacts.graph.strength_at(self.item_nodes(items), cutoff_us).astype(np.float64))
+
+    def _floored_log(self, engagement: np.ndarray) -> np.ndarray | None:
+        """temp x log of each item's engagement, items with none at half the smallest positive one (the module docstring's
+        floor); None when no item has any."""
+        engaged = engagement > 0
         if not engaged.any():
             return None
-        floor = prior[engaged].min() / 2
-        return self.artefacts.prior_scale * np.log(np.where(engaged, prior, floor))
+        return self.artefacts.prior_scale * np.log(np.where(engaged, engagement, engagement[engaged].min() / 2))
 
     def _item_content(self, items: ItemSpace, rows: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         if self.content_dim == 0 or items.content is None or items.content.shape[1] != self.content_dim:

@@ -1,6 +1,6 @@
 """HIR's ranking head for users with a history: what they did last, and how much the item prior weighs.
 
-Three parts, all reading only what window t holds (nothing of t+1 but the protocol's context):
+Four parts, all reading only what window t holds (nothing of t+1 but the protocol's context):
 
 - The recent-items readout. A warm user's published row is embedded at end(t) from a neighbourhood sampled by
   strength, aged from end(t): their long-run interests. What they engage with next follows what they did last (on
