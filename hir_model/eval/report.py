@@ -1,6 +1,9 @@
 """The evaluation report: one markdown table of every metric per method (warm and cold users apart), PNG plots
 (a metric per window per method; cold vs warm), and a self-contained HTML page with the plots inlined.
 
+`write_source_report` is the per-source artefact (`make demo`, the `evaluation_report` asset): one page per source
+under that source's storage (`report_path`), headed by what it shows (source, windows, commit, settings).
+
 Numbers over several windows are means of the per-window means (each window counts once, as in "averaged
 over the last 4 windows"); `windows` says in how many of them a slice had users to evaluate.
 """
@@ -11,7 +14,8 @@ import base64
 import html
 import io
 import math
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +28,9 @@ from hir_model.eval.run import WindowEvaluation, WindowSkipped  # noqa: E402
 from hir_model.eval.split import TARGET_KINDS  # noqa: E402
 
 SLICES = (("warm", "known"), ("cold", "known"), ("warm", "new"), ("cold", "new"))  # (users, items), report order
+REPORT_DIR, REPORT_FILE = "_reports", "evaluation.html"  # under the source's storage root ("_": not an asset)
+# A per-point interval for the plots: band(evaluation, method, users, items, target, metric) -> (low, high) or None
+Band = Callable[["WindowEvaluation", str, str, str, str, str], "tuple[float, float] | None"]
 SLICE_TITLES = {("warm", "known"): "warm users", ("cold", "known"): "cold users (inductive)",
                 ("warm", "new"): "cold-start items, warm users", ("cold", "new"): "cold-start items, cold users"}
 
@@ -118,24 +125,63 @@ def _png(fig, dpi: int = 110, tight: bool = True) -> bytes:
     return buf.getvalue()
 
 
+def _line(ax, evals: list[WindowEvaluation], method: str, users: str, items: str, target: str, metric: str,
+          band: Band | None, **style) -> None:
+    """One method's `metric` per window on `ax`, with its (low, high) band shaded where `band` gives one."""
+    x = list(range(len(evals)))
+    (line,) = ax.plot(x, [e.value(method, users, items, target, metric) for e in evals], marker=".", **style)
+    if band is not None:
+        bounds = [band(e, method, users, items, target, metric) or (math.nan, math.nan) for e in evals]
+        ax.fill_between(x, [b[0] for b in bounds], [b[1] for b in bounds], color=line.get_color(), alpha=0.15, linewidth=0)
+
+
+def _window_axis(ax, evals: list[WindowEvaluation]) -> None:
+    ax.set_xticks(range(len(evals)), [e.window for e in evals], rotation=90, fontsize=6)
+    ax.grid(alpha=0.3)
+
+
 def plot_per_window(results: Sequence[WindowEvaluation | WindowSkipped], metric: str = "recall@20",
-                    target: str = "deep_funnel", slices: Sequence[tuple[str, str]] = SLICES, dpi: int = 110) -> bytes:
-    """PNG: `metric` per window, one line per method, one panel per slice (warm, cold, cold-start items)."""
+                    target: str = "deep_funnel", slices: Sequence[tuple[str, str]] = SLICES, dpi: int = 110,
+                    band: Band | None = None) -> bytes:
+    """PNG: `metric` per window, one line per method, one panel per slice (warm, cold, cold-start items); with `band`,
+    each point's interval shaded."""
     evals = evaluated(results)
     methods = list(dict.fromkeys(m for e in evals for m in e.methods))
     panels = [s for s in slices if any(r.users == s[0] and r.items == s[1] and r.target == target for e in evals for r in e.results)]
     fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.2 * max(len(panels), 1), 3.6), squeeze=False)
     for ax, (users, items) in zip(axes[0], panels):
         for method in methods:
-            ax.plot(range(len(evals)), [e.value(method, users, items, target, metric) for e in evals], marker=".", label=method)
+            _line(ax, evals, method, users, items, target, metric, band, label=method)
         ax.set_title(f"{SLICE_TITLES[(users, items)]}: {target} {metric}", fontsize=9)
-        ax.set_xticks(range(len(evals)), [e.window for e in evals], rotation=90, fontsize=6)
-        ax.grid(alpha=0.3)
+        _window_axis(ax, evals)
     axes[0][0].legend(fontsize=7)
     if dpi < 110:  # the cheap variant (the asset's metadata, redrawn every window): fixed margins, one draw
         fig.subplots_adjust(bottom=0.3, top=0.9, left=0.08, right=0.98, wspace=0.2)
         return _png(fig, dpi, tight=False)
     return _png(fig, dpi)
+
+
+def plot_per_method(results: Sequence[WindowEvaluation | WindowSkipped], metric: str = "recall@20",
+                    target: str = "deep_funnel", slices: Sequence[tuple[str, str]] = (("warm", "known"), ("cold", "known")),
+                    band: Band | None = None, columns: int = 3) -> bytes:
+    """PNG: one panel per method (shared y axis), `metric` per window with a line per user slice; with `band`, each
+    point's interval shaded. What a reader compares window by window: is a method's lead steady or one window's luck."""
+    evals = evaluated(results)
+    methods = list(dict.fromkeys(m for e in evals for m in e.methods))
+    cols = max(1, min(columns, len(methods)))
+    rows = max(1, math.ceil(len(methods) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.0 * rows), squeeze=False, sharey=True)
+    for i, ax in enumerate(axes.flat):
+        if i >= len(methods):
+            ax.set_visible(False)
+            continue
+        for users, items in slices:
+            _line(ax, evals, methods[i], users, items, target, metric, band, label=SLICE_TITLES[(users, items)])
+        ax.set_title(f"{methods[i]}: {target} {metric}", fontsize=9)
+        _window_axis(ax, evals)
+    if methods:
+        axes[0][0].legend(fontsize=7)
+    return _png(fig)
 
 
 def plot_cold_vs_warm(results: Sequence[WindowEvaluation | WindowSkipped], metric: str = "recall@20",
@@ -189,9 +235,12 @@ def _prior(hir: dict) -> str:
 
 
 def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str = "HIR window evaluation",
-                last: int | None = 4, extras: dict[str, dict] | None = None) -> str:
+                last: int | None = 4, extras: dict[str, dict] | None = None, header: Mapping[str, str] | None = None,
+                per_method: bool = False, band: Band | None = None) -> str:
     """A self-contained page: tables (all windows and the last `last`), plots inlined as base64 PNGs, skips; with
-    `extras` ({window: published extras}) a table of HIR's own numbers per window."""
+    `extras` ({window: published extras}) a table of HIR's own numbers per window; `header` ({name: value}) is shown
+    under the title (what the page shows: source, windows, commit, settings); `per_method` adds a panel per method;
+    `band` shades each plotted point's interval."""
     def img(png: bytes) -> str:
         return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"/>'
 
@@ -201,18 +250,22 @@ def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str 
         return "<table><tr>" + cells(rows[0], "th") + "</tr>" + "".join(f"<tr>{cells(r, 'td')}</tr>" for r in rows[1:]) + "</table>"
 
     skipped = [r for r in results if isinstance(r, WindowSkipped)]
-    parts = [f"<h1>{html.escape(title)}</h1>",
+    head = ("<table class='head'>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+                                             for k, v in header.items()) + "</table>") if header else ""
+    parts = [f"<h1>{html.escape(title)}</h1>", head,
              f"<h2>Last {last} windows</h2>" + table(markdown_table(results, last)) if last else "",
              "<h2>All windows</h2>" + table(markdown_table(results)),
-             "<h2>Deep-funnel Recall@20 per window</h2>" + img(plot_per_window(results)),
-             "<h2>All engagements Recall@20 per window</h2>" + img(plot_per_window(results, target="engagement")),
+             "<h2>Deep-funnel Recall@20 per window</h2>" + img(plot_per_window(results, band=band)),
+             "<h2>Deep-funnel Recall@20 per window, by method</h2>" + img(plot_per_method(results, band=band)) if per_method else "",
+             "<h2>All engagements Recall@20 per window</h2>" + img(plot_per_window(results, target="engagement", band=band)),
              "<h2>Cold vs warm</h2>" + img(plot_cold_vs_warm(results, last=last)),
              "<h2>Downstream conversion model</h2>" + table(lift_table(results)),
              "<h2>Cost</h2>" + table(timing_table(results)),
              "<h2>HIR per window</h2>" + table(extras_table(extras)) if extras else "",
              "<h2>Skipped</h2><ul>" + "".join(f"<li>{html.escape(s.window)}: {html.escape(s.reason)}</li>" for s in skipped) + "</ul>"]
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}")
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}"
+             "table.head th,table.head td{text-align:left}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head>" \
            f"<body>{''.join(parts)}</body></html>"
 
@@ -279,3 +332,55 @@ def report_windows(store, keys: Sequence[str], path: str | Path, title: str = "H
     html = write_html_report(store, keys, path, title)
     print_last_window(store, keys, html, out)
     return html
+
+
+def report_path(storage_root: str | Path) -> Path:
+    """Where a source's report lives: beside its partitions, under its own storage root (on S3: the local cache)."""
+    return Path(storage_root) / REPORT_DIR / REPORT_FILE
+
+
+def git_commit(repo: str | Path) -> str:
+    """The checkout's commit (`+dirty` with uncommitted changes to tracked files), or 'unknown' without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class SourceReport:
+    path: Path
+    title: str
+    header: dict[str, str]  # what the page names under its title
+    evaluated: int  # windows with a published evaluation
+    first: str | None  # first and last evaluated window (t; each judged on t+1)
+    last: str | None
+
+
+def write_source_report(store, keys: Sequence[str], path: str | Path, source: str, settings: Mapping[str, str],
+                        commit: str, last: int | None = 4, band: Band | None = None) -> SourceReport:
+    """The per-source HTML page over every published `window_evaluation` among `keys`, titled with the source and the
+    window range and headed by the commit and `settings` (written to a temporary name, then renamed: never half a page)."""
+    from datetime import datetime, timezone
+
+    from hir_model.eval.publish import collect, extras_of
+
+    results = collect(store, keys)
+    evals = evaluated(results)
+    first, final = (evals[0], evals[-1]) if evals else (None, None)
+    span = f"windows {first.window} .. {final.window} (each on its next window, to {final.next_window})" if evals else "no window evaluated yet"
+    title = f"HIR evaluation: {source}, {span}"
+    header = {"source": source, "evaluated windows": f"{len(evals)} of {len(keys)}"
+              + (f": {first.window} .. {final.window}" if evals else ""), "commit": commit, **settings,
+              "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(html_report(results, title, last, extras_of(store, keys), header=header, per_method=True, band=band))
+    tmp.replace(path)
+    return SourceReport(path, title, header, len(evals), first.window if first else None, final.window if final else None)

@@ -1,0 +1,69 @@
+"""The per-source evaluation report: one page per source under its own storage, headed by what it shows."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from hir_model.eval.als import ALSConfig
+from hir_model.eval.baselines import BaselinesConfig, baselines
+from hir_model.eval.lightgcn import LightGCNConfig
+from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, SUMMARY_FILE, summary_table
+from hir_model.eval.report import evaluated, git_commit, plot_per_method, report_path, write_source_report
+from hir_model.eval.run import EvalConfig, evaluate_windows
+from hir_model.storage import PartitionStore
+from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
+
+torch.set_num_threads(1)
+SMALL = BaselinesConfig(als=ALSConfig(factors=4, iterations=3), lightgcn=LightGCNConfig(dim=4, steps=5, warm_steps=2))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    store = tiny_store(tmp_path_factory.mktemp("tiny") / "store")
+    return evaluate_windows(store, SPEC, KEYS, baselines(SMALL), EvalConfig(recall_ks=(1, 20), ndcg_ks=(3,)))
+
+
+def publish(root, results) -> PartitionStore:
+    """A store holding the published window_evaluation partitions of `results` (what the asset writes)."""
+    store = PartitionStore(root)
+    with store.writing() as staging:
+        for ev in evaluated(results):
+            staging.write_table(EVALUATION_ASSET, ev.window, METRICS_FILE, ev.to_table())
+            staging.write_table(EVALUATION_ASSET, ev.window, SUMMARY_FILE, summary_table(ev, {}))
+    return store
+
+
+def test_two_sources_keep_two_reports_each_naming_its_source_windows_and_commit(results, tmp_path):
+    pages = {}
+    for source in ("movielens", "synthetic"):
+        store = publish(tmp_path / "storage" / source, results)
+        report = write_source_report(store, KEYS, report_path(store.root), source, {"window": "weekly", "steps": "12"},
+                                     commit="abc123def456")
+        pages[source] = report.path.read_text()
+        assert report.path == tmp_path / "storage" / source / "_reports" / "evaluation.html"
+        assert (report.evaluated, report.first, report.last) == (2, KEYS[0], KEYS[1])
+        assert not list(report.path.parent.glob(".*.tmp"))  # written whole, then renamed
+    assert len({p for p in pages.values()}) == 2
+    for source, page in pages.items():
+        other = "synthetic" if source == "movielens" else "movielens"
+        title = re.search(r"<title>(.*?)</title>", page).group(1)
+        assert source in title and other not in page and f"{KEYS[0]} .. {KEYS[1]}" in title
+        assert "abc123def456" in page and "<th>steps</th><td>12</td>" in page and "2 of 3" in page
+        assert page.count("data:image/png;base64,") == 4  # per window, per method, engagements, cold vs warm
+        assert "by method" in page and f"{KEYS[2]}" in page  # the skipped window is listed
+
+
+def test_the_per_method_plot_shades_a_band_where_one_is_given(results):
+    plain = plot_per_method(results)
+    banded = plot_per_method(results, band=lambda e, m, u, i, t, metric: (0.0, 1.0))
+    assert plain[:8] == banded[:8] == b"\x89PNG\r\n\x1a\n" and plain != banded
+
+
+def test_the_commit_names_the_checkout_or_says_unknown(tmp_path):
+    from hir_model.config import PROJECT_ROOT
+
+    assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", git_commit(PROJECT_ROOT))
+    assert git_commit(tmp_path) == "unknown"
