@@ -5,7 +5,8 @@ Definitions (binary relevance, every candidate ranked, never sampled negatives):
   when a user has more than K targets).
 - NDCG@K = DCG@K / IDCG@K with DCG@K = sum over ranks r <= K of hit_r / log2(r + 1) and IDCG@K the DCG of
   min(K, |targets|) hits at the top.
-Both are averaged over users with at least one target (macro average).
+Both are averaged over users with at least one target (macro average); each of those users' own values are kept
+too (`RankingMetrics.per_user`), so two methods can be compared user by user (a paired bootstrap, `eval.stats`).
 
 Excluded columns (items the user already engaged with) get -inf and so rank after every other candidate.
 Ties are broken by a fixed order of the columns (`tie_order`, a permutation: earlier wins), the same for
@@ -14,7 +15,7 @@ every method, so a method that cannot tell candidates apart scores at chance rat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -88,6 +89,10 @@ class RankingMetrics:
     n_targets: int  # their targets in total
     recall: dict[int, float]  # K -> mean Recall@K
     ndcg: dict[int, float]  # K -> mean NDCG@K
+    # metric name (as in as_dict) -> (n_users,) each averaged user's value, their means are `recall` / `ndcg`;
+    # empty when read back from a published metrics table
+    per_user: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    rows: np.ndarray | None = field(default=None, compare=False, repr=False)  # (n_users,) their rows of `scores`
 
     def as_dict(self) -> dict[str, float]:
         return {f"recall@{k}": v for k, v in self.recall.items()} | {f"ndcg@{k}": v for k, v in self.ndcg.items()}
@@ -152,7 +157,10 @@ def ranking_metrics(scores: np.ndarray, targets: Ragged, exclude: Ragged | None 
         for k in ndcg_ks:
             dcg[k].append(hit[:, :k] @ discount[:k])
     if len(rows) == 0:
-        return RankingMetrics(0, 0, {k: float("nan") for k in recall_ks}, {k: float("nan") for k in ndcg_ks})
-    recall = {k: float(np.mean(np.concatenate(hits_sum[k])[rows] / n_t[rows])) for k in recall_ks}
-    ndcg = {k: float(np.mean(np.concatenate(dcg[k])[rows] / ideal[np.minimum(k, n_t[rows]) - 1])) for k in ndcg_ks}
-    return RankingMetrics(int(len(rows)), int(n_t[rows].sum()), recall, ndcg)
+        empty = {f"{name}@{k}": np.zeros(0) for name, ks in (("recall", recall_ks), ("ndcg", ndcg_ks)) for k in ks}
+        return RankingMetrics(0, 0, {k: float("nan") for k in recall_ks}, {k: float("nan") for k in ndcg_ks}, empty, rows)
+    per_user = {f"recall@{k}": np.concatenate(hits_sum[k])[rows] / n_t[rows] for k in recall_ks}
+    per_user |= {f"ndcg@{k}": np.concatenate(dcg[k])[rows] / ideal[np.minimum(k, n_t[rows]) - 1] for k in ndcg_ks}
+    recall = {k: float(np.mean(per_user[f"recall@{k}"])) for k in recall_ks}
+    ndcg = {k: float(np.mean(per_user[f"ndcg@{k}"])) for k in ndcg_ks}
+    return RankingMetrics(int(len(rows)), int(n_t[rows].sum()), recall, ndcg, per_user, rows)

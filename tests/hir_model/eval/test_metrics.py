@@ -85,3 +85,23 @@ def test_ragged_helpers():
     w = r.within(4, 7)
     assert [w.row(i).tolist() for i in range(4)] == [[], [0], [1], []]
     assert r.to_mask(8)[2].nonzero()[0].tolist() == [5, 7]
+
+
+def test_per_user_values_average_to_the_reported_means():
+    rng = np.random.default_rng(3)
+    scores = rng.normal(size=(40, 30))
+    targets = Ragged.from_lists([list(rng.choice(30, rng.integers(0, 4), replace=False)) for _ in range(40)])
+    exclude = Ragged.from_lists([list(rng.choice(30, 2, replace=False)) for _ in range(40)])
+    m = ranking_metrics(scores, targets, exclude, recall_ks=(5, 20), ndcg_ks=(10,))
+    assert m.rows.tolist() == np.flatnonzero(targets.sizes > 0).tolist() and len(m.rows) == m.n_users < 40
+    assert set(m.per_user) == {"recall@5", "recall@20", "ndcg@10"}
+    for name, mean in m.as_dict().items():
+        assert m.per_user[name].shape == (m.n_users,) and m.per_user[name].mean() == mean
+    one = m.rows[0]  # each value is that user's own metric
+    alone = ranking_metrics(scores[one:one + 1], targets.take([one]), exclude.take([one]), recall_ks=(5, 20), ndcg_ks=(10,))
+    assert alone.recall[20] == pytest.approx(m.per_user["recall@20"][0])
+
+
+def test_no_users_with_targets_gives_empty_per_user_values():
+    m = ranking_metrics(np.zeros((2, 3)), Ragged.from_lists([[], []]), recall_ks=(1,), ndcg_ks=(1,))
+    assert m.n_users == 0 and math.isnan(m.recall[1]) and m.per_user["recall@1"].shape == (0,)
