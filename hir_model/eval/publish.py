@@ -6,6 +6,9 @@ Files under `window_evaluation/<t>/`:
 - `summary.parquet`: one row, one `json` column: split counts, content source, per-method timings, the downstream
   lift, and `extras` (HIR's own numbers: cold users embedded, agreement with planted interests, BoM recall).
   One JSON cell keeps the nested, evolving part out of a schema; everything tabular is in `metrics`.
+- `users.parquet`: one row per (method, users, items, target, evaluated user, metric) for Recall@20 and NDCG@20
+  (`WindowEvaluation.to_user_table`): what a paired bootstrap over users resamples (`hir_model.eval.compare`). Their
+  means are the `metrics` rows; a window published before this file existed simply has no per-user values.
 - `baseline_state.npz`: the stateful baselines' parameters after their fit on t (LightGCN's layer-0 embeddings,
   ALS factors, with their ids), so evaluating t+1 warm-starts from t (and only from an earlier window).
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +29,12 @@ from hir_model.eval.lift import LiftResult, ModelScore
 from hir_model.eval.lightgcn import LightGCN
 from hir_model.eval.method import Method
 from hir_model.eval.metrics import RankingMetrics
-from hir_model.eval.run import MethodTiming, SliceResult, WindowEvaluation, WindowSkipped
+from hir_model.eval.run import USER_COLUMNS, MethodTiming, SliceResult, WindowEvaluation, WindowSkipped
 from hir_model.eval.split import SplitCounts
 
 EVALUATION_ASSET = "window_evaluation"
 METRICS_FILE, SUMMARY_FILE, STATE_FILE = "metrics", "summary", "baseline_state.npz"
+USERS_FILE = "users"
 
 
 def _finite(x):
@@ -61,8 +65,45 @@ def summary_table(ev: WindowEvaluation, extras: dict | None = None) -> pa.Table:
     return pa.table({"json": pa.array([summary_json(ev, extras)], pa.string())})
 
 
+def write_evaluation(staging, key: str, ev: WindowEvaluation, extras: dict | None, methods) -> pa.Table:
+    """Every file of window `key`'s evaluation into `staging` (a `store.writing()` area): metrics, summary, users and
+    the baselines' state. Returns the metrics table (its row count is the asset's `dagster/row_count`)."""
+    table = ev.to_table()
+    staging.write_table(EVALUATION_ASSET, key, METRICS_FILE, table)
+    staging.write_table(EVALUATION_ASSET, key, SUMMARY_FILE, summary_table(ev, extras))
+    staging.write_table(EVALUATION_ASSET, key, USERS_FILE, ev.to_user_table())
+    save_states(staging.path(EVALUATION_ASSET, key) / STATE_FILE, methods)
+    return table
+
+
+def with_user_values(ev: WindowEvaluation, users: pa.Table) -> WindowEvaluation:
+    """`ev` with each slice's per-user values (and user ids) from its published `users` table; slices the table does
+    not cover keep none. Raises when a slice's users in the table are not as many as its `n_users`."""
+    frame = users.select(USER_COLUMNS).to_pandas()
+    slices = dict(tuple(frame.groupby(["method", "users", "items", "target"], sort=False)))
+    out = []
+    for r in ev.results:
+        rows = slices.get((r.method, r.users, r.items, r.target))
+        if rows is None:
+            out.append(r)
+            continue
+        per_user, ids = {}, None
+        for name, part in rows.groupby("metric", sort=False):
+            if len(part) != r.metrics.n_users:
+                raise ValueError(f"{USERS_FILE} of window {ev.window}: {len(part)} rows of {r.method}/{r.users}/{r.items}/"
+                                 f"{r.target}/{name} for {r.metrics.n_users} users in {METRICS_FILE}")
+            per_user[name] = part.value.to_numpy(np.float64)
+            if ids is None:
+                ids = part.user_id.to_numpy(object)
+            elif not np.array_equal(ids, part.user_id.to_numpy(object)):
+                raise ValueError(f"{USERS_FILE} of window {ev.window}: the metrics of {r.method}/{r.users}/{r.items}/{r.target} "
+                                 "list their users in different orders")
+        out.append(replace(r, metrics=replace(r.metrics, per_user=per_user), user_ids=ids))
+    return replace(ev, results=tuple(out))
+
+
 def from_tables(metrics: pa.Table, summary: pa.Table) -> tuple[WindowEvaluation, dict]:
-    """The WindowEvaluation (and its extras) back from the two published tables."""
+    """The WindowEvaluation (and its extras) back from the two published tables (without per-user values)."""
     s = json.loads(summary.column("json")[0].as_py())
     cols = {name: metrics.column(name).to_pylist() for name in metrics.column_names}
     slices: dict[tuple, dict] = {}
@@ -86,10 +127,24 @@ def from_tables(metrics: pa.Table, summary: pa.Table) -> tuple[WindowEvaluation,
 
 
 def read_evaluation(store, key: str) -> tuple[WindowEvaluation, dict] | None:
-    """Window `key`'s published evaluation, or None when it was never materialised (or was skipped)."""
+    """Window `key`'s published evaluation, or None when it was never materialised (or was skipped); with its per-user
+    values where the window has a `users` table."""
     if not store.exists(EVALUATION_ASSET, key, METRICS_FILE) or not store.exists(EVALUATION_ASSET, key, SUMMARY_FILE):
         return None
-    return from_tables(store.read(EVALUATION_ASSET, key, METRICS_FILE), store.read(EVALUATION_ASSET, key, SUMMARY_FILE))
+    ev, extras = from_tables(store.read(EVALUATION_ASSET, key, METRICS_FILE), store.read(EVALUATION_ASSET, key, SUMMARY_FILE))
+    if store.exists(EVALUATION_ASSET, key, USERS_FILE):
+        ev = with_user_values(ev, store.read(EVALUATION_ASSET, key, USERS_FILE))
+    return ev, extras
+
+
+def collect_users(store, keys) -> pa.Table:
+    """The `users` tables of the published evaluations among `keys`, in time order, as one table (USER_COLUMNS);
+    windows without one are left out."""
+    parts = [store.read(EVALUATION_ASSET, k, USERS_FILE).select(USER_COLUMNS) for k in sorted(keys)
+             if store.exists(EVALUATION_ASSET, k, USERS_FILE)]
+    if not parts:
+        return pa.table({c: pa.array([], pa.float64() if c == "value" else pa.string()) for c in USER_COLUMNS})
+    return pa.concat_tables(parts)
 
 
 def collect(store, keys) -> list[WindowEvaluation | WindowSkipped]:

@@ -34,6 +34,8 @@ log = logging.getLogger("hir")
 
 CONTENT_ASSET, CONTENT_FILE = "content_embeddings", "embeddings"  # the content asset's published table
 TEXT_COLUMNS = ["title", "description", "category"]
+USER_METRICS = ("recall@20", "ndcg@20")  # the per-user values published beside the means (to_user_table)
+USER_COLUMNS = ["window", "method", "users", "items", "target", "user_id", "metric", "value"]  # to_user_table's
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class SliceResult:
     target: str  # "deep_funnel" | "engagement"
     candidates: int  # items ranked for every user of the slice (the whole item group)
     metrics: RankingMetrics
+    # (metrics.n_users,) object: the user behind each of metrics.per_user's values (None when read back without them)
+    user_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,27 @@ class WindowEvaluation:
                  "candidates"]
         types = [pa.string()] * 7 + [pa.float64(), pa.int64(), pa.int64(), pa.int64()]
         return pa.table([pa.array([r[i] for r in rows], t) for i, t in enumerate(types)], names=names)
+
+    def to_user_table(self, metrics: tuple[str, ...] | None = USER_METRICS) -> pa.Table:
+        """One row per (method, slice, evaluated user, metric) of `metrics` (None: every metric): the per-user values
+        a paired comparison resamples (`hir_model.eval.compare`). Slices without per-user values are left out."""
+        parts = []
+        for r in self.results:
+            if r.user_ids is None:
+                continue
+            for name, values in r.metrics.per_user.items():
+                if metrics is None or name in metrics:
+                    parts.append((r, name, values))
+        n = [len(v) for _, _, v in parts]
+        const = lambda get: pa.array(np.repeat(np.asarray([get(r, m) for r, m, _ in parts], object), n), pa.string())  # noqa: E731
+        columns = {"window": pa.array(np.full(sum(n), self.window, object), pa.string()),
+                   "method": const(lambda r, m: r.method), "users": const(lambda r, m: r.users),
+                   "items": const(lambda r, m: r.items), "target": const(lambda r, m: r.target),
+                   "user_id": pa.array(np.concatenate([np.asarray(r.user_ids, object) for r, _, _ in parts] or [np.zeros(0, object)]),
+                                       pa.string()),
+                   "metric": const(lambda r, m: m),
+                   "value": pa.array(np.concatenate([v for _, _, v in parts] or [np.zeros(0)]).astype(np.float64), pa.float64())}
+        return pa.table(columns).combine_chunks()
 
     def value(self, method: str, users: str, items: str, target: str, metric: str) -> float:
         """e.g. value("lightgcn", "warm", "known", "deep_funnel", "recall@20"); nan where not evaluated."""
@@ -226,7 +251,8 @@ def evaluate_split(split: WindowSplit, methods: Sequence[Method], config: EvalCo
                         continue
                     m = ranking_metrics(scores[group.name][rows, lo:hi], tg.take(rows), exclude.take(rows),
                                         config.recall_ks, config.ndcg_ks, ties[items])
-                    results.append(SliceResult(method.name, group.name, items, target, hi - lo, m))
+                    results.append(SliceResult(method.name, group.name, items, target, hi - lo, m,
+                                               group.queries.user_ids[rows[m.rows]]))
         timings.append(MethodTiming(method.name, round(t1 - t0, 4), round(t2 - t1, 4)))
     return tuple(results), tuple(timings)
 
