@@ -20,7 +20,7 @@ def test_every_baseline_on_every_window_then_the_report(tmp_path):
     results = evaluate_windows(tiny_store(tmp_path / "store"), SPEC, KEYS, baselines(SMALL), EvalConfig(recall_ks=(1, 3, 20), ndcg_ks=(3,)))
     assert [type(r) for r in results] == [WindowEvaluation, WindowEvaluation, WindowSkipped]
     first = results[0]
-    assert first.content_source == "text" and first.methods == ("popularity", "content", "mf_als", "lightgcn")
+    assert first.content_source == "text" and first.methods == ("popularity", "content", "mf_als", "lightgcn", "item2item_recent")
     slices = {(r.users, r.items, r.target) for r in first.results}
     assert slices == {("warm", "known", "deep_funnel"), ("warm", "known", "engagement"), ("warm", "new", "engagement"),
                       ("cold", "known", "deep_funnel"), ("cold", "known", "engagement")}
@@ -32,7 +32,7 @@ def test_every_baseline_on_every_window_then_the_report(tmp_path):
     assert {t.method for t in first.timings} == set(first.methods)
 
     table = markdown_table(results)
-    assert table.count("| deep_funnel | warm | known |") == 4 and "recall@20" in table
+    assert table.count("| deep_funnel | warm | known |") == 5 and "recall@20" in table
     assert {r.windows for r in summary(results) if (r.users, r.items) == ("warm", "known")} == {2}
     assert {r.windows for r in summary(results) if r.users == "cold"} == {1}  # W2 brings no new user
     files = write_report(results, tmp_path / "report", title="tiny")
@@ -73,3 +73,24 @@ def test_content_vectors_come_from_the_content_asset_when_published(tmp_path):
     np.testing.assert_array_equal(items.content[[0, 1, 5]], [[1, 0], [0, 1], [0.5, 0.5]])
     # the asset partition of t+1 is read only for the items first seen in t+1
     assert (CONTENT_ASSET, KEYS[1]) in reader.opened and (CONTENT_ASSET, KEYS[2]) not in reader.opened
+
+
+def test_each_slice_keeps_its_users_and_the_user_table_averages_to_the_metrics(tmp_path):
+    from hir_model.eval.popularity import Popularity
+    from hir_model.eval.run import USER_COLUMNS, evaluate_window
+
+    result = evaluate_window(tiny_store(tmp_path), SPEC, KEYS[0], [Popularity()], EvalConfig(lift_method=None))
+    warm = [r for r in result.results if (r.users, r.items, r.target) == ("warm", "known", "engagement")][0]
+    assert list(warm.user_ids) == ["u1", "u2"]  # test_split: u1 and u2 come back in W1 with new items
+    cold = [r for r in result.results if (r.users, r.items, r.target) == ("cold", "known", "engagement")][0]
+    assert list(cold.user_ids) == ["u3"]
+    table = result.to_user_table()
+    assert table.column_names == USER_COLUMNS and set(table.column("metric").to_pylist()) == {"recall@20", "ndcg@20"}
+    assert table.num_rows == 2 * sum(r.metrics.n_users for r in result.results)
+    frame = table.to_pandas()
+    for r in result.results:
+        for metric in ("recall@20", "ndcg@20"):
+            rows = frame[(frame.users == r.users) & (frame["items"] == r.items) & (frame.target == r.target) & (frame.metric == metric)]
+            assert list(rows.user_id) == list(r.user_ids) and rows.value.mean() == result.value("popularity", r.users, r.items,
+                                                                                                r.target, metric)
+    assert result.to_user_table(None).num_rows == 5 * sum(r.metrics.n_users for r in result.results)

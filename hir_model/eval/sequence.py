@@ -1,0 +1,136 @@
+"""A sequence-aware baseline: recency-weighted item-to-item (what a user did last, and what others did next).
+
+HIR's head reads each user's recent items, so its fair peer is a method that does too. Fitted on window t's history:
+
+- Co-engagement. Each user's engaged items, distinct, in the order of their first engagement before end(t) (weight 1,
+  `deep_weight` when the user converted on it). Two items co-occur when one of them follows the other within `window`
+  positions of a user's sequence (None: anywhere in the history, plain co-occurrence over users); the pair counts
+  w_i x w_j x 2^(-age / fit_half_life_days), age of the later engagement from end(t) (recent co-engagement weighs
+  more), the earlier->later direction x 1 and the reverse x `backward_weight` (order matters: what follows an item).
+- Similarity. S[c, j] = C[c, j] / (n_c^alpha x n_j^(1 - alpha)), n the items' summed squared weights (alpha 0.5: the
+  cosine; above it, popular candidates are penalised less). Each item keeps its `neighbours` most similar items.
+- Score. A user's context events (warm: their history; cold: their t+1 context) each weigh their stage (`deep_weight`)
+  x 2^(-age / half_life_days), age counted back from the user's own last event (as HIR's readout weighs recent items);
+  score(j) = sum_c w_c S[c, j] / sum_c w_c, plus `popularity_weight` x the item's decayed popularity (scaled to max 1),
+  which ranks the items no neighbour reaches. Items first seen in t+1 score a constant (chance, after the tie order).
+
+Sparse throughout (S has at most `neighbours` entries per item), so tens of thousands of items fit.
+Hyper-parameters: chosen on MovieLens windows before the last 4 (tests/README: issue 24's note).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from hir_model.eval.method import decay, event_weights, known_columns
+from hir_model.eval.split import Interactions, ItemSpace, Queries
+
+
+@dataclass(frozen=True)
+class Item2ItemConfig:
+    window: int | None = 10  # two items co-occur within this many positions of a user's sequence (None: anywhere)
+    backward_weight: float = 1.0  # a later -> earlier pair, relative to earlier -> later (0: strictly "what comes next")
+    fit_half_life_days: float | None = None  # a pair's weight halves every this many days before end(t) (None: no decay)
+    deep_weight: float = 2.0  # a converted item (fit) or a conversion event (context) counts this many times
+    alpha: float = 0.5  # S[c, j] = C[c, j] / (n_c^alpha n_j^(1 - alpha)); 0.5: the cosine
+    neighbours: int = 100  # most similar items kept per item
+    half_life_days: float | None = 7.0  # a context event's weight halves every this many days before the user's last one
+    popularity_weight: float = 0.05  # x the decayed popularity (max 1): the backfill for items no neighbour reaches
+    popularity_half_life_days: float | None = 3.0  # the backfill popularity's decay from end(t)
+
+
+def _sequences(train: Interactions, deep_weight: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct (user, item) pairs ordered by user then first engagement: user, item, weight, first ts."""
+    key = train.user * np.int64(train.n_items) + train.item
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    converted = np.zeros(len(uniq), bool)
+    np.logical_or.at(converted, inverse, train.deep)
+    start = np.full(len(uniq), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(start, inverse, train.ts)
+    user, item = uniq // train.n_items, uniq % train.n_items
+    order = np.lexsort((item, start, user))
+    return user[order], item[order], np.where(converted, deep_weight, 1.0)[order], start[order]
+
+
+def _top_per_row(m: sp.csr_matrix, k: int) -> sp.csr_matrix:
+    """Each row's k largest entries (ties: the lower column)."""
+    m = m.tocsr()
+    m.eliminate_zeros()
+    row = np.repeat(np.arange(m.shape[0]), np.diff(m.indptr))
+    order = np.lexsort((m.indices, -m.data, row))
+    rank = np.arange(len(order)) - m.indptr[row[order]]
+    keep = order[rank < k]
+    return sp.csr_matrix((m.data[keep], (row[keep], m.indices[keep])), shape=m.shape)
+
+
+def item_similarity(train: Interactions, config: Item2ItemConfig) -> sp.csr_matrix:
+    """(n_items, n_items) S[c, j], each row its `neighbours` largest entries (module docstring); no self-similarity."""
+    user, item, w, start = _sequences(train, config.deep_weight)
+    n = train.n_items
+    if config.window is None:
+        fresh = decay(train.end_us - start, config.fit_half_life_days)
+        x = sp.csr_matrix((w * np.sqrt(fresh), (user, item)), shape=(train.n_users, n))
+        co = (x.T @ x).tocsr()  # symmetric: order is not read
+    else:
+        rows, cols, vals = [], [], []
+        for d in range(1, config.window + 1):  # pairs (p, p + d) of one user's sequence
+            same = user[:-d] == user[d:]
+            a, b = np.flatnonzero(same), np.flatnonzero(same) + d
+            v = w[a] * w[b] * decay(train.end_us - start[b], config.fit_half_life_days)
+            rows += [item[a], item[b]]
+            cols += [item[b], item[a]]
+            vals += [v, config.backward_weight * v]
+        co = sp.csr_matrix((np.concatenate(vals or [np.zeros(0)]),
+                            (np.concatenate(rows or [np.zeros(0, np.int64)]), np.concatenate(cols or [np.zeros(0, np.int64)]))),
+                           shape=(n, n))
+    co = (co - sp.diags(co.diagonal())).tocsr()  # no self-similarity
+    norm = np.bincount(item, weights=w ** 2, minlength=n)
+    left = np.power(norm, config.alpha, out=np.zeros(n), where=norm > 0)
+    right = np.power(norm, 1 - config.alpha, out=np.zeros(n), where=norm > 0)
+    inv = lambda x: np.divide(1.0, x, out=np.zeros(n), where=x > 0)  # noqa: E731
+    sim = sp.diags(inv(left)) @ co @ sp.diags(inv(right))
+    return _top_per_row(sim, config.neighbours).astype(np.float32)
+
+
+class Item2ItemRecent:
+    """Recency-weighted item-to-item (module docstring)."""
+
+    def __init__(self, config: Item2ItemConfig = Item2ItemConfig(), name: str = "item2item_recent"):
+        self.config, self.name = config, name
+        self.similarity: sp.csr_matrix | None = None  # (n_known, n_known)
+        self.popularity: np.ndarray | None = None  # (n_known,) max 1
+        self.ids: np.ndarray | None = None
+
+    def fit(self, train: Interactions, items: ItemSpace) -> None:
+        c = self.config
+        self.similarity = item_similarity(train, c)
+        w = event_weights(train.deep, c.deep_weight) * decay(train.end_us - train.ts, c.popularity_half_life_days)
+        pop = np.bincount(train.item, weights=w, minlength=train.n_items)
+        self.popularity = pop / pop.max() if len(pop) and pop.max() > 0 else pop
+        self.ids = items.ids
+
+    def context(self, queries: Queries, n_known: int) -> sp.csr_matrix:
+        """(Q, n_known) each query's context weight per known item: stage x recency from its own last event, rows
+        summing to 1 (zero for a query without known context items)."""
+        c, ctx = self.config, queries.context
+        row = ctx.row_of
+        last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(last, row, queries.context_ts)
+        w = event_weights(queries.context_deep, c.deep_weight) * decay(last[row] - queries.context_ts, c.half_life_days)
+        keep = ctx.idx < n_known
+        m = sp.csr_matrix((w[keep], (row[keep], ctx.idx[keep])), shape=(len(queries), n_known))
+        total = np.asarray(m.sum(1)).ravel()
+        return sp.diags(np.divide(1.0, total, out=np.zeros(len(total)), where=total > 0)) @ m
+
+    def score(self, queries: Queries, items: ItemSpace) -> np.ndarray:
+        if self.similarity is None or self.ids is None:
+            raise RuntimeError(f"{self.name}: fit before score")
+        n = self.similarity.shape[0]
+        if not np.array_equal(items.ids[:n], self.ids):
+            raise ValueError(f"{self.name}: scored on another item space than it was fitted on")
+        scores = (self.context(queries, n) @ self.similarity).toarray()  # (Q, n_known)
+        scores += self.config.popularity_weight * self.popularity[None, :]
+        return known_columns(scores, len(items))
