@@ -3,10 +3,18 @@
 Run-time parameters of the rules:
 - `window`: (start, end) of the partition, UTC; `ts` must lie in [start, end) (causality).
 - `known_entities`: ids in the entity catalog as of the window end.
-- `window_end`: only for catalog rows: first_seen_ts must be before it.
+- `known_users`: the ids among them whose entity_type is `user`.
+- `catalog`: the catalog as of the window end (entity_id, entity_type, first_seen_ts), for typed and time checks.
+
+What happens to a row that breaks a rule: the rule's outcome is `reject` (the row goes to the rejected table with
+its original values, the rule and its file); a warning's is `publish` (the row is kept, counted in the
+asset's metadata and logged per file). Uniqueness is judged among the rows that pass every other rule, within a file and across files alike, so
+a valid row is never dropped for repeating the id of a row rejected for something else. File-level breaks
+(`ContractError`) fail the run; their rules are listed in README's "Bring your own".
 """
 
 from data_contracts.contract import Contract, ContractError, RuleResult
+from data_contracts.options import OPTIONS_FILE, ContractOptions, load_options
 from data_contracts.rules import Rule
 from data_contracts.schemas import CATALOG_SCHEMA, EVENTS_SCHEMA, RELATIONS_SCHEMA
 from data_contracts.vocab import CONVERSION_EVENT, ENGAGEABLE_TYPES, ENTITY_TYPES, EVENT_TYPES
@@ -24,8 +32,19 @@ EVENTS = Contract(
         Rule("ts_in_window", "between", ("ts",),
              "every ts lies in the partition's [start, end) (causality)", param="window"),
         Rule("unique_event_id", "unique", ("event_id",), "event_id is unique in the window"),
-        Rule("entity_in_catalog", "in_reference", ("entity_id", "user_id"),
-             "every entity and user an event references is in the catalog by the window end", param="known_entities"),
+        Rule("entity_in_catalog", "in_reference", ("entity_id",),
+             "every entity an event references is in the catalog by the window end", param="known_entities"),
+        Rule("user_in_catalog", "in_reference", ("user_id",),
+             "every user_id is an entity of type user in the catalog by the window end", param="known_users"),
+        Rule("entity_type_matches_catalog", "matches_reference", ("entity_id",),
+             "an event's entity_type is its entity's type in the catalog", param="catalog", other="entity_type"),
+    ),
+    warnings=(
+        # Published: the catalog a window reads is every entity first seen before the window end, so an event earlier
+        # in the same window leaks nothing across windows; a first_seen_ts set late (an import date) is common.
+        Rule("ts_after_first_seen", "not_before_reference", ("entity_id", "user_id"),
+             "no event is dated before its entity's or its user's first_seen_ts (such events are published and counted)",
+             param="catalog", other="ts", reference="first_seen_ts"),
     ),
 )
 
@@ -61,4 +80,5 @@ RELATIONS = Contract(
 
 CONTRACTS = {c.name: c for c in (EVENTS, CATALOG, RELATIONS)}
 
-__all__ = ["CATALOG", "CONVERSION_EVENT", "CONTRACTS", "EVENTS", "RELATIONS", "Contract", "ContractError", "Rule", "RuleResult"]
+__all__ = ["CATALOG", "CONVERSION_EVENT", "CONTRACTS", "EVENTS", "OPTIONS_FILE", "RELATIONS", "Contract", "ContractError",
+           "ContractOptions", "Rule", "RuleResult", "load_options"]

@@ -9,7 +9,9 @@ window"). From that one declaration we derive:
   published table (and tested to agree with the masks on every bad-input case).
 
 Rules judge non-null values only, except `not_null`, exactly as great-expectations' column-map
-expectations do, so a null key counts once, under `not_null`.
+expectations do, so a null key counts once, under `not_null`. Rules that compare a row with the catalog
+(`matches_reference`, `not_before_reference`) judge only rows whose id is in the catalog (the others break
+`in_reference`); great-expectations sees the catalog's value as a derived column beside the row's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-KINDS = ("not_null", "in_set", "between", "unique", "in_reference")
+KINDS = ("not_null", "in_set", "between", "unique", "in_reference", "matches_reference", "not_before_reference")
+CATALOG_KINDS = ("matches_reference", "not_before_reference")  # compare a row's `other` column with the catalog's
 
 
 @dataclass(frozen=True)
@@ -31,13 +34,27 @@ class Rule:
     columns: tuple[str, ...]
     description: str
     values: tuple[str, ...] = ()  # in_set: the allowed values
-    param: str = ""  # between: a (min, max_exclusive) pair; in_reference: a value set; given at run time
+    param: str = ""  # between: a (min, max_exclusive) pair; in_reference: a value set; catalog kinds: a table keyed by
+    # its first column (the id); all given at run time
+    other: str = ""  # catalog kinds: the row's column compared with the catalog's (entity_type, ts)
+    reference: str = ""  # catalog kinds: the catalog's column it is compared with (default: same name as `other`)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"rule {self.name!r}: unknown kind {self.kind!r}; expected one of {KINDS}")
-        if self.kind in ("between", "in_reference") and not self.param:
+        if self.kind in ("between", "in_reference", *CATALOG_KINDS) and not self.param:
             raise ValueError(f"rule {self.name!r}: kind {self.kind!r} needs a run-time `param`")
+        if self.kind in CATALOG_KINDS and not self.other:
+            raise ValueError(f"rule {self.name!r}: kind {self.kind!r} needs the `other` column it compares")
+
+    def derived_names(self) -> list[str]:
+        """Columns great-expectations reads beside the table: the catalog's value per row (catalog kinds only)."""
+        return [f"{col}.{self.reference or self.other}" for col in self.columns] if self.kind in CATALOG_KINDS else []
+
+    def derived(self, table: pa.Table, params: dict[str, Any]) -> dict[str, pa.Array]:
+        """The derived columns: for each id column, the catalog's `reference` value of that id (null when not in it)."""
+        return {name: _lookup(table.column(col), params[self.param], self.reference or self.other)
+                for col, name in zip(self.columns, self.derived_names())}
 
     def violations(self, table: pa.Table, params: dict[str, Any]) -> np.ndarray:
         """Boolean mask (len = rows) of the rows that break this rule."""
@@ -53,6 +70,10 @@ class Rule:
             elif self.kind == "between":
                 lo, hi = params[self.param]
                 mask = pc.or_(pc.less(values, pa.scalar(lo, values.type)), pc.greater_equal(values, pa.scalar(hi, values.type)))
+            elif self.kind in CATALOG_KINDS:  # null when the id is not in the catalog or the row's value is null: not judged
+                ref = _lookup(values, params[self.param], self.reference or self.other)
+                mine = table.column(self.other)
+                mask = pc.not_equal(mine, ref) if self.kind == "matches_reference" else pc.less(mine, ref)
             else:  # unique: every repeat after the first occurrence is a violation
                 mask = repeats(values)
             if self.kind != "not_null":
@@ -85,9 +106,24 @@ class Rule:
             elif self.kind == "between":
                 lo, hi = params[self.param]
                 out.append(gxe.ExpectColumnValuesToBeBetween(column=col, min_value=lo, max_value=hi, strict_max=True, meta=meta))
+            elif self.kind == "matches_reference":
+                out.append(gxe.ExpectColumnPairValuesToBeEqual(column_A=self.other, column_B=f"{col}.{self.reference or self.other}",
+                                                               ignore_row_if="either_value_is_missing", meta=meta))
+            elif self.kind == "not_before_reference":
+                out.append(gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+                    column_A=self.other, column_B=f"{col}.{self.reference or self.other}", or_equal=True,
+                    ignore_row_if="either_value_is_missing", meta=meta))
             else:
                 out.append(gxe.ExpectColumnValuesToBeUnique(column=col, meta=meta))
         return out
+
+
+def _lookup(ids: pa.ChunkedArray, catalog: pa.Table, column: str) -> pa.Array:
+    """The catalog's `column` for each id (the catalog's first column is the id); null where the id is not in it."""
+    keys = catalog.column(0)
+    index = pc.index_in(ids, value_set=keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys)
+    values = catalog.column(column)
+    return pc.take(values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values, index)
 
 
 def _value_set(ref, type_: pa.DataType) -> pa.Array:

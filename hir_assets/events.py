@@ -10,8 +10,9 @@ from dagster_project.resources import PartitionStorage, SourceResource
 from data_contracts import CATALOG, CONVERSION_EVENT, EVENTS, RELATIONS, ContractError
 from hir_assets.checks import (NOT_EMPTY_CHECK, contract_check_results, contract_check_specs, rejected_result,
                                rejected_spec)
-from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET, REJECTED_FILE,
-                                   RELATIONS_FILE,
+from hir_model.data.ingest import IngestReport
+from hir_model.data.tables import (CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET,
+                                   REJECTED_FILE, RELATIONS_FILE,
                                    build_catalog, build_events, catalog_params, events_params)
 
 GROUP = "ingest"
@@ -25,7 +26,16 @@ def permanent_failure():
     try:
         yield
     except ContractError as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        raise dg.Failure(description=str(exc), allow_retries=False,
+                         metadata={"file": exc.origin, "rule": exc.rule, "rows": exc.rows}) from exc
+
+
+def rejected_check(report: IngestReport, asset: str, prefix: str = "") -> dg.AssetCheckResult:
+    """The rejected-rows warning with numbers an operator can chart: rows, fraction, files, and a count per rule."""
+    result = rejected_result(report, asset, prefix)
+    return result.with_metadata({**result.metadata, "rejected_fraction": report.rejected / max(report.rows_in, 1),
+                                 "files_with_rejects": len(report.rejected_by_origin),
+                                 **{f"rejected.{rule}": n for rule, n in sorted(report.rejected_by_rule.items())}})
 
 
 def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
@@ -45,7 +55,9 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             ids = entities.column("entity_id").combine_chunks()
             checks = (contract_check_results(CATALOG, entities, catalog_params(window, ids), CATALOG_ASSET)
                       + contract_check_results(RELATIONS, relations, catalog_params(window, ids), CATALOG_ASSET, RELATIONS_PREFIX)
-                      + [rejected_result(built.entities, CATALOG_ASSET), rejected_result(built.relations, CATALOG_ASSET, RELATIONS_PREFIX)])
+                      + [rejected_check(built.entities, CATALOG_ASSET), rejected_check(built.relations, CATALOG_ASSET, RELATIONS_PREFIX)])
+        for line in built.entities.warnings() + built.relations.warnings():
+            context.log.warning(line)
         context.log.info(f"catalog {window.key}: {entities.num_rows} entities ({sum(built.new_by_type.values())} new), "
                          f"{relations.num_rows} relations, {built.entities.rejected + built.relations.rejected} rejected")
         return dg.MaterializeResult(metadata={
@@ -56,6 +68,9 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             "relations": relations.num_rows,
             "relations_by_type": built.relations_by_type,
             "rejected": built.entities.rejected + built.relations.rejected,
+            "rejected_entities": built.entities.rejected,
+            "rejected_relations": built.relations.rejected,
+            "files_assumed_utc": len(built.entities.notes) + len(built.relations.notes),
             "path": dg.MetadataValue.path(store.uri(CATALOG_ASSET, window.key)),
         }, check_results=checks)
 
@@ -70,21 +85,24 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
         """The window's engagement events that pass the events contract; the rows that break it are kept beside them."""
         window, src, store = window_of(context), source.get(), storage.store()
         src.prepare()
-        known = store.read(CATALOG_ASSET, window.key, ENTITIES_FILE, columns=["entity_id"]).column("entity_id").combine_chunks()
+        catalog = store.read(CATALOG_ASSET, window.key, ENTITIES_FILE, columns=CATALOG_REFERENCE)
 
         def progress(report):
             if len(report.origins) % 20 == 0:
                 context.log.info(f"events {window.key}: {report.rows_in:,} rows read, {report.rejected:,} rejected")
 
         with permanent_failure(), store.writing() as staging:
-            report = build_events(src, window, known, staging, progress)
+            report = build_events(src, window, catalog, staging, progress)
             events = staging.read(EVENTS_ASSET, window.key, EVENTS_FILE)
-            checks = contract_check_results(EVENTS, events, events_params(window, known), EVENTS_ASSET) + [
-                rejected_result(report, EVENTS_ASSET),
+            params = events_params(window, catalog)
+            checks = contract_check_results(EVENTS, events, params, EVENTS_ASSET) + [
+                rejected_check(report, EVENTS_ASSET),
                 dg.AssetCheckResult(asset_key=EVENTS_ASSET, check_name=NOT_EMPTY_CHECK, passed=events.num_rows > 0,
                                     severity=dg.AssetCheckSeverity.WARN, metadata={"rows": events.num_rows},
                                     description=f"{events.num_rows} events in {window.key}"),
             ]
+        for line in report.warnings():
+            context.log.warning(line)
         by_type = dict(sorted(zip(*[c.to_pylist() for c in pc.value_counts(events.column("event_type")).flatten()])))
         context.log.info(f"events {window.key}: {report.accepted:,} accepted, {report.rejected:,} rejected "
                          f"in {report.seconds:.1f}s ({report.rows_in / max(report.seconds, 1e-9):,.0f} rows/s)")
@@ -95,7 +113,11 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             "users": pc.count_distinct(events.column("user_id")).as_py(),
             "entities": pc.count_distinct(events.column("entity_id")).as_py(),
             "rejected": report.rejected,
+            "rejected_fraction": report.rejected / max(report.rows_in, 1),
             "rejected_by_rule": dict(report.rejected_by_rule),
+            # published by policy (data_contracts: warnings), counted here and logged per file rather than alerted
+            **{f"published.{r.name}": report.warned_by_rule[r.name] for r in EVENTS.warnings},
+            "files_assumed_utc": len(report.notes),
             "files_read": len(set(report.origins)),
             "path": dg.MetadataValue.path(store.uri(EVENTS_ASSET, window.key)),
         })

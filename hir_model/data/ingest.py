@@ -1,8 +1,11 @@
 """Ingestion: validate raw batches against a contract, stream good rows and rejected rows to writers.
 
-File-level breaks (missing columns, uncastable types, unreadable files) raise `ContractError` naming the
-file: the caller's staging is then discarded, so nothing half-written is published. Row-level breaks send
-the row to the rejected table with the rules it broke and its origin; every valid row is kept.
+File-level breaks (missing columns, uncastable values, undeclared timestamp encodings, unreadable files) raise
+`ContractError` naming the file, the rule, the rows and a sample: the caller's staging is then discarded, so
+nothing half-written is published. Row-level breaks send the row to the rejected table with the rules it broke
+and its origin; every valid row is kept. Uniqueness is judged among the rows that pass every other rule (within
+a batch and across batches alike), so a valid row is never rejected for repeating the id of an invalid one.
+A contract's warnings are counted on the accepted rows; those rows are published.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ class IngestReport:
     rejected: int = 0
     rejected_by_rule: Counter = field(default_factory=Counter)  # a row breaking two rules counts under both
     rejected_by_origin: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    warned_by_rule: Counter = field(default_factory=Counter)  # accepted rows that break a warning rule (published)
+    warned_by_origin: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    notes: dict[str, list[str]] = field(default_factory=dict)  # per file: contract options applied (e.g. assume_utc)
     origins: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -42,6 +48,12 @@ class IngestReport:
         """One line per (file, rule): `<origin>: rule '<rule>' rejected <n> rows`."""
         return [f"{origin}: rule '{rule}' rejected {n} rows"
                 for origin, rules in sorted(self.rejected_by_origin.items()) for rule, n in sorted(rules.items())]
+
+    def warnings(self) -> list[str]:
+        """One line per (file, warning rule) and per applied option: what was published on an assumption."""
+        return ([f"{origin}: rule '{rule}' warned on {n} rows (published)"
+                 for origin, rules in sorted(self.warned_by_origin.items()) for rule, n in sorted(rules.items())]
+                + [f"{origin}: {note}" for origin, notes in sorted(self.notes.items()) for note in notes])
 
 
 def rejected_schema(contract: Contract) -> pa.Schema:
@@ -59,7 +71,7 @@ def ingest(
 ) -> IngestReport:
     """Validate every batch; write good rows (published schema) to `accepted_path`, the rest to `rejected_path`.
 
-    Uniqueness holds across batches: the first occurrence of a value is kept, every later one rejected.
+    Uniqueness holds across batches: the first valid occurrence of a value is kept, every later valid one rejected.
     Repeats inside a batch are caught per batch; repeats across batches by one O(n) pass over the accepted
     keys at the end (a per-batch lookup into everything seen so far would make ingestion quadratic), which
     rewrites the two files only when such repeats exist.
@@ -67,22 +79,39 @@ def ingest(
     report = IngestReport(contract.name)
     t0 = time.perf_counter()
     unique_rules = [r for r in contract.rules if r.kind == "unique"]
+    row_rules = [r for r in contract.rules if r.kind != "unique"]
     keys: dict[str, list[pa.Array]] = {c: [] for r in unique_rules for c in r.columns}
     accepted_origins: list[tuple[str, int]] = []  # (origin, accepted rows) per batch, in file order
+    rows_seen: Counter = Counter()  # rows read so far per origin: a batch's first row number in its file
     with pq.ParquetWriter(accepted_path, contract.schema, **PARQUET_OPTIONS) as accepted, \
             pq.ParquetWriter(rejected_path, rejected_schema(contract), **PARQUET_OPTIONS) as rejected:
         for batch in batches:
-            table = contract.conform(batch.table, batch.origin)
+            notes: list[str] = []
+            table = contract.conform(batch.table, batch.origin, rows_seen[batch.origin], notes)
+            rows_seen[batch.origin] += table.num_rows
+            for note in dict.fromkeys(notes):
+                if note not in report.notes.setdefault(batch.origin, []):
+                    report.notes[batch.origin].append(note)
             report.origins.append(batch.origin)
             report.rows_in += table.num_rows
-            broken = [(rule.name, mask) for rule in contract.rules if (mask := rule.violations(table, params)).any()]
+            broken = [(rule.name, mask) for rule in row_rules if (mask := rule.violations(table, params)).any()]
             bad = np.logical_or.reduce([m for _, m in broken]) if broken else np.zeros(table.num_rows, dtype=bool)
+            for rule in unique_rules:  # among the rows every other rule accepts, as across batches
+                mask = np.zeros(table.num_rows, dtype=bool)
+                mask[~bad] = rule.violations(table.filter(pa.array(~bad)), params)
+                if mask.any():
+                    broken.append((rule.name, mask))
+                    bad |= mask
             good = table.filter(pa.array(~bad))
             for col in keys:
                 keys[col].append(good.column(col).combine_chunks())
             if good.num_rows:
                 accepted.write_table(contract.publishable(good))
                 accepted_origins.append((batch.origin, good.num_rows))
+                for rule in contract.warnings:
+                    if n := int(rule.violations(good, params).sum()):
+                        report.warned_by_rule[rule.name] += n
+                        report.warned_by_origin[batch.origin][rule.name] += n
             if bad.any():
                 rejected.write_table(_rejected_rows(table.filter(pa.array(bad)), [(n, m[bad]) for n, m in broken], batch.origin, report)
                                      .cast(rejected.schema))
@@ -97,7 +126,7 @@ def ingest(
                 if late.any():
                     _move_late_repeats(contract, rule.name, late, accepted_origins, accepted_path, rejected_path, report)
     report.seconds = time.perf_counter() - t0
-    for problem in report.problems():
+    for problem in report.problems() + report.warnings():
         log.warning(problem)
     return report
 
