@@ -20,7 +20,7 @@ torch.set_num_threads(1)
 
 def test_every_baseline_is_a_method():
     assert all(isinstance(m, Method) for m in baselines())
-    assert [m.name for m in baselines()] == ["popularity", "content", "mf_als", "lightgcn"]
+    assert [m.name for m in baselines()] == ["popularity", "content", "mf_als", "lightgcn", "item2item_recent"]
 
 
 def _tiny(user, item, ts_days_ago, deep=None, n_items=4) -> Interactions:
