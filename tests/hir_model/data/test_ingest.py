@@ -11,7 +11,7 @@ import pytest
 
 from data_contracts import EVENTS, ContractError
 from hir_model.data.parquet_source import ParquetSource
-from hir_model.data.tables import (CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_FILE,
+from hir_model.data.tables import (CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_FILE,
                                    build_catalog, build_events)
 from hir_model.data.windows import WindowSpec
 from hir_model.storage import PartitionStore
@@ -24,9 +24,9 @@ def run_window(byo: Path, tmp_path: Path, key: str = "2024-01-07"):
     store = PartitionStore(tmp_path / "store")
     with store.writing() as staging:
         build_catalog(source, window, staging)
-    known = store.read(CATALOG_ASSET, key, ENTITIES_FILE).column("entity_id").combine_chunks()
+    catalog = store.read(CATALOG_ASSET, key, ENTITIES_FILE, columns=CATALOG_REFERENCE)
     with store.writing() as staging:
-        report = build_events(source, window, known, staging)
+        report = build_events(source, window, catalog, staging)
     return report, store.read(EVENTS_ASSET, key, EVENTS_FILE), store.read(EVENTS_ASSET, key, REJECTED_FILE)
 
 
@@ -63,13 +63,16 @@ def test_uncastable_type_fails_the_file_and_castable_ones_pass(byo, tmp_path):
     assert report.accepted == 24 and events.column("value").type == pa.float64()
 
 
-@pytest.mark.parametrize("column, value, rule", [
-    ("user_id", None, "keys_not_null"),
-    ("event_type", "bought", "event_type_vocabulary"),
-    ("entity_id", "p999", "entity_in_catalog"),
-    ("entity_type", "user", "entity_type_vocabulary"),
+@pytest.mark.parametrize("column, value, rules", [
+    ("user_id", None, ["keys_not_null"]),
+    ("event_type", "bought", ["event_type_vocabulary"]),
+    ("entity_id", "p999", ["entity_in_catalog"]),
+    ("entity_type", "user", ["entity_type_vocabulary", "entity_type_matches_catalog"]),  # p1 is a product in the catalog
+    ("entity_type", "campaign", ["entity_type_matches_catalog"]),
+    ("user_id", "p1", ["user_in_catalog"]),  # a product where a user is expected
+    ("entity_id", "u1", ["entity_type_matches_catalog"]),  # a user where a product is expected
 ])
-def test_bad_rows_are_rejected_with_rule_and_file(byo, tmp_path, column, value, rule):
+def test_bad_rows_are_rejected_with_rule_and_file(byo, tmp_path, column, value, rules):
     table = events_table(W0, "x")
     idx = table.schema.get_field_index(column)
     values = table.column(column).to_pylist()
@@ -77,10 +80,11 @@ def test_bad_rows_are_rejected_with_rule_and_file(byo, tmp_path, column, value, 
     path = write_events(byo, table.set_column(idx, table.schema.field(idx).with_nullable(True), pa.array(values, table.schema.field(idx).type)))
     report, events, rejected = run_window(byo, tmp_path)
     assert report.rejected == 2 and report.accepted == 22  # 12 clean rows from part-0 + 10 from the bad file
-    assert report.rejected_by_origin[str(path)] == {rule: 2}
-    assert rejected.column("rule").to_pylist() == [rule, rule] and set(rejected.column("origin").to_pylist()) == {str(path)}
-    assert f"{path}: rule '{rule}' rejected 2 rows" in report.problems()
+    assert report.rejected_by_origin[str(path)] == {rule: 2 for rule in rules}
+    assert rejected.column("rule").to_pylist() == [",".join(rules)] * 2 and set(rejected.column("origin").to_pylist()) == {str(path)}
+    assert all(f"{path}: rule '{rule}' rejected 2 rows" in report.problems() for rule in rules)
     assert sorted(rejected.column("event_id").to_pylist()) == ["x2", "x5"]
+    assert rejected.column(column).to_pylist() == [value, value]  # the original values, as the file held them
 
 
 def test_timestamps_outside_the_window_are_rejected(byo, tmp_path):
@@ -120,10 +124,15 @@ def test_non_parquet_file_fails_naming_it(byo, tmp_path):
     assert err.value.origin == str(path) and err.value.rule == "file.parquet"
 
 
-def test_misnamed_window_folder_fails(byo):
-    (byo / "events" / "2024-01-08").mkdir()  # a Monday: not a weekly window start
-    with pytest.raises(ContractError, match="2024-01-08 is not the start of a weekly window"):
-        ParquetSource(byo, "weekly").span()
+def test_misnamed_window_folder_fails_its_window_only(byo, tmp_path):
+    (byo / "events" / "2024-01-08").mkdir()  # a Monday: not a weekly window start; its rows belong to 2024-01-07
+    write_events(byo, events_table(W0 + timedelta(days=1), "m"), key="2024-01-08")
+    assert ParquetSource(byo, "weekly").window_keys() == ["2024-01-07", "2024-01-14"]  # partitions still load
+    with pytest.raises(ContractError, match="2024-01-08 is not the start of a weekly window.*events/2024-01-07/") as err:
+        run_window(byo, tmp_path)
+    assert err.value.rule == "layout.window_folder" and err.value.rows == 12 and err.value.origin.endswith("events/2024-01-08")
+    report, events, _ = run_window(byo, tmp_path / "next", "2024-01-14")  # the other window is untouched
+    assert report.accepted == events.num_rows == 12
 
 
 def test_catalog_rows_break_rules_one_by_one(byo, tmp_path):
