@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -86,3 +88,49 @@ def test_empty_window_materialises_and_warns(byo, tmp_path):
     assert result.success
     evaluation = checks(result)[("raw_events", "not_empty")]
     assert not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN
+
+
+def step_failure(result: dg.ExecuteInProcessResult) -> str:
+    return str(next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE").event_specific_data.error)
+
+
+def test_a_corrupt_page_fails_at_once_naming_the_file_without_retries(byo, tmp_path):
+    """A read error inside a file whose footer reads is a contract error: the window job's RetryPolicy does not rerun it."""
+    from tests.hir_model.data.test_byo_cases import big_events, corrupt_a_page
+
+    path = byo / "events" / KEY / "big.parquet"
+    pq.write_table(big_events(20_000, "c"), path, compression="snappy")
+    corrupt_a_page(path)
+    result = materialize(byo, tmp_path)
+    error = step_failure(result)
+    assert str(path) in error and "rule 'file.parquet'" in error and "Corrupt snappy" in error
+    assert not [e for e in result.all_events if e.event_type_value in ("STEP_UP_FOR_RETRY", "STEP_RESTARTED")]
+    assert not PartitionStore(tmp_path / "store").files("raw_events", KEY)  # nothing half-published
+
+
+def test_stray_entries_under_events_do_not_stop_the_code_location(byo, tmp_path):
+    (byo / "events" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (byo / "events" / "2024-1-14").mkdir()  # a second spelling of a window: that window's run fails, naming it
+    pq.write_table(events_table(W0 + timedelta(weeks=1), "s"), byo / "events" / "2024-1-14" / "part.parquet")
+    assert materialize(byo, tmp_path).success  # window 2024-01-07 is untouched
+    result = materialize(byo, tmp_path, "2024-01-14")
+    assert not result.success
+    error = step_failure(result)
+    assert "2024-1-14" in error and "layout.window_folder" in error and "rename it to 2024-01-14" in error and "(12 rows)" in error
+
+
+def test_check_metadata_carries_numbers_an_operator_can_chart(byo, tmp_path):
+    bad = events_table(W0, "x")
+    users = bad.column("user_id").to_pylist()
+    users[0] = "p1"  # a product where a user is expected
+    pq.write_table(bad.set_column(1, "user_id", pa.array(users)), byo / "events" / KEY / "bad.parquet")
+    result = materialize(byo, tmp_path)
+    assert result.success
+    meta = checks(result)[("raw_events", "no_rejected_rows")].metadata
+    assert meta["rejected"].value == 1 and meta["rejected.user_in_catalog"].value == 1 and meta["files_with_rejects"].value == 1
+    assert isinstance(meta["rejected_fraction"], dg.FloatMetadataValue) and meta["rejected_fraction"].value == pytest.approx(1 / 24)
+    mats = {e.event_specific_data.materialization.asset_key.to_user_string(): e.event_specific_data.materialization.metadata
+            for e in result.get_asset_materialization_events()}
+    assert mats["raw_events"]["published.ts_after_first_seen"].value == 12  # the fixture's p2 before its first_seen, twice
+    assert isinstance(mats["raw_events"]["rejected_fraction"], dg.FloatMetadataValue)
+    assert mats["entity_catalog"]["rejected_entities"].value == 0
