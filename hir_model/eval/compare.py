@@ -134,10 +134,11 @@ def comparison_markdown(rows: Sequence[Comparison], level: float = BootstrapConf
     """One markdown table: a row per comparison (slice, method vs reference, scope) with both means, the difference,
     its interval and the verdict; users per window as "mean (min-max)" over the windows pooled."""
     ci = f"{level:.0%} CI"
-    lines = [f"| users | items | target | metric | method | vs | scope | windows | users/window | method | vs | diff | {ci} | verdict |",
-             "|" + "---|" * 14]
+    head = ["users", "items", "target", "metric", "method", "vs", "scope", "windows", "users/window", "method", "vs", "diff", ci,
+            "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append(f"| {r.users} | {r.items} | {r.target} | {r.metric} | {r.method} | {r.reference} | {r.scope} | {r.windows} | "
-                     f"{_users(r.n_users)} | {r.method_value:.4f} | {r.reference_value:.4f} | {r.diff:+.4f} | "
+        lines.append(f"| {r.users} | {r.items} | {r.target} | {r.metric} | {r.method} | {r.reference} | {r.scope} | "
+                     f"{r.windows} | {_users(r.n_users)} | {r.method_value:.4f} | {r.reference_value:.4f} | {r.diff:+.4f} | "
                      f"{r.low:+.4f}..{r.high:+.4f} | {r.verdict} |")
     return "\n".join(lines)

@@ -93,22 +93,17 @@ class WindowEvaluation:
     def to_user_table(self, metrics: tuple[str, ...] | None = USER_METRICS) -> pa.Table:
         """One row per (method, slice, evaluated user, metric) of `metrics` (None: every metric): the per-user values
         a paired comparison resamples (`hir_model.eval.compare`). Slices without per-user values are left out."""
-        parts = []
-        for r in self.results:
-            if r.user_ids is None:
-                continue
-            for name, values in r.metrics.per_user.items():
-                if metrics is None or name in metrics:
-                    parts.append((r, name, values))
+        parts = [(r, name, values) for r in self.results if r.user_ids is not None
+                 for name, values in r.metrics.per_user.items() if metrics is None or name in metrics]
         n = [len(v) for _, _, v in parts]
-        const = lambda get: pa.array(np.repeat(np.asarray([get(r, m) for r, m, _ in parts], object), n), pa.string())  # noqa: E731
-        columns = {"window": pa.array(np.full(sum(n), self.window, object), pa.string()),
-                   "method": const(lambda r, m: r.method), "users": const(lambda r, m: r.users),
-                   "items": const(lambda r, m: r.items), "target": const(lambda r, m: r.target),
-                   "user_id": pa.array(np.concatenate([np.asarray(r.user_ids, object) for r, _, _ in parts] or [np.zeros(0, object)]),
-                                       pa.string()),
-                   "metric": const(lambda r, m: m),
-                   "value": pa.array(np.concatenate([v for _, _, v in parts] or [np.zeros(0)]).astype(np.float64), pa.float64())}
+        strings = lambda xs: pa.array(np.repeat(np.asarray(xs, object), n), pa.string())  # noqa: E731  one per part
+        ids = [np.asarray(r.user_ids, object) for r, _, _ in parts]
+        columns = {"window": strings([self.window] * len(parts)), "method": strings([r.method for r, _, _ in parts]),
+                   "users": strings([r.users for r, _, _ in parts]), "items": strings([r.items for r, _, _ in parts]),
+                   "target": strings([r.target for r, _, _ in parts]),
+                   "user_id": pa.array(np.concatenate(ids) if ids else np.zeros(0, object), pa.string()),
+                   "metric": strings([name for _, name, _ in parts]),
+                   "value": pa.array(np.concatenate([v for _, _, v in parts]) if parts else np.zeros(0), pa.float64())}
         return pa.table(columns).combine_chunks()
 
     def value(self, method: str, users: str, items: str, target: str, metric: str) -> float:

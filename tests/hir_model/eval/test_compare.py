@@ -30,8 +30,8 @@ def _evaluations(seed=0, n=300):
         ref = rng.uniform(0, 1, n)
         better = ref + (0.1 if i >= len(WINDOWS) - 2 else 0.0) + rng.normal(0, 0.01, n)
         noisy = ref + rng.normal(0, 0.3, n)
-        results = [_slice("ref", "warm", ref, ids), _slice("better", "warm", better, ids), _slice("same", "warm", ref.copy(), ids),
-                   _slice("noisy", "warm", noisy, ids)]
+        results = [_slice("ref", "warm", ref, ids), _slice("better", "warm", better, ids),
+                   _slice("same", "warm", ref.copy(), ids), _slice("noisy", "warm", noisy, ids)]
         if i == 0:  # a method that only has users in the first window
             results.append(_slice("early", "warm", ref[:10] + 1.0, ids[:10]))
         out.append(WindowEvaluation(w, w + "+1", COUNTS, "none", tuple(results), (), None, ("ref", "better", "same", "noisy")))

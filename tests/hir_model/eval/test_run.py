@@ -90,7 +90,8 @@ def test_each_slice_keeps_its_users_and_the_user_table_averages_to_the_metrics(t
     frame = table.to_pandas()
     for r in result.results:
         for metric in ("recall@20", "ndcg@20"):
-            rows = frame[(frame.users == r.users) & (frame["items"] == r.items) & (frame.target == r.target) & (frame.metric == metric)]
+            rows = frame[(frame.users == r.users) & (frame["items"] == r.items) & (frame.target == r.target)
+                         & (frame.metric == metric)]
             assert list(rows.user_id) == list(r.user_ids) and rows.value.mean() == result.value("popularity", r.users, r.items,
                                                                                                 r.target, metric)
     assert result.to_user_table(None).num_rows == 5 * sum(r.metrics.n_users for r in result.results)

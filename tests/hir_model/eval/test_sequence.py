@@ -98,7 +98,8 @@ def test_new_items_score_a_constant_and_the_item_space_is_checked():
     assert s.shape == (2, N_ITEMS + 3) and np.isfinite(s).all() and len(np.unique(s[:, N_ITEMS:])) == 1
     assert np.argmax(s[1]) == 4  # no context: the popularity backfill (E)
     with pytest.raises(ValueError, match="another item space"):
-        m.score(q, ItemSpace(np.array([f"x{i}" for i in range(N_ITEMS)], object), N_ITEMS, np.full(N_ITEMS, -1), np.array([], object)))
+        m.score(q, ItemSpace(np.array([f"x{i}" for i in range(N_ITEMS)], object), N_ITEMS, np.full(N_ITEMS, -1),
+                             np.array([], object)))
     with pytest.raises(RuntimeError, match="fit before score"):
         Item2ItemRecent().score(q, _items())
 
@@ -121,7 +122,8 @@ def test_a_large_sparse_catalogue_fits_and_scores_fast():
     order = np.lexsort((ts, user))
     train = Interactions("w", END, np.array([f"u{u}" for u in range(n_users)], object), user, item[order], ts,
                          rng.random(len(user)) < 0.05, n_items)
-    items = ItemSpace(np.array([f"p{i:05d}" for i in range(n_items)], object), n_items, np.full(n_items, -1), np.array([], object))
+    ids = np.array([f"p{i:05d}" for i in range(n_items)], object)
+    items = ItemSpace(ids, n_items, np.full(n_items, -1), np.array([], object))
     t0 = time.perf_counter()
     m = Item2ItemRecent()
     m.fit(train, items)
