@@ -18,11 +18,10 @@ from dagster_project.resources import PartitionStorage, SourceResource
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.data.windows import CRON, WindowSpec
 from hir_model.eval.agreement import agreement_markdown
-from hir_model.eval.hir import HIRMethodConfig
 from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, STATE_FILE, SUMMARY_FILE, collect, save_states, summary_table
 from hir_model.eval.report import lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, timing_table
 from hir_model.eval.run import CONTENT_ASSET
-from hir_model.eval.window import (BOM_ASSET, HIERARCHY_ASSET, WindowEvalConfig, WindowOutcome, evaluate_published_window,
+from hir_model.eval.window import (BOM_ASSET, HEAD_ASSET, HIERARCHY_ASSET, WindowEvalConfig, WindowOutcome, evaluate_published_window,
                                    future_reads)
 from hir_model.graph.window import GRAPH_ASSET
 from hir_model.hierarchy.window import EMBEDDINGS_ASSET, ENCODER_ASSET
@@ -34,21 +33,13 @@ HIR_EVALUATED_CHECK = "hir_evaluated"
 THIS_AND_NEXT = dg.TimeWindowPartitionMapping(start_offset=0, end_offset=1, allow_nonexistent_upstream_partitions=True)
 PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 USER_SLICES = (("warm", "known"), ("cold", "known"))  # the per-window plot in the metadata: warm and cold users
-DESCRIPTION = ("Window t's artefacts on window t+1's events: HIR beside popularity, content, MF and LightGCN; "
-               "warm and cold users apart; skipped until t+1's events exist.")
+DESCRIPTION = ("Window t's artefacts on window t+1's events: HIR as served (BoM + ranking head), the head over every item "
+               "and the published embeddings alone, beside the baselines; warm and cold users apart; skipped until t+1's "
+               "events exist.")
 
 
 class WindowEvaluationRun(dg.Config):
-    cold_users: str = "encoder"  # HIR's cold users: "encoder" (frozen encoder on their context) or "mean" (of context items)
     warm_start: bool = True  # LightGCN and ALS start from the latest earlier window's saved state
-    prior_weight: float = 1.0  # HIR's item prior in the training's logit units (hir_model.eval.hir); 0: the dot product alone.
-    # Used where the weight is not fitted (calibrate_days 0, or too few held-out users)
-    calibrate_days: float = 7.0  # fit the prior's weight on window t's last days (hir_model.eval.readout); 0: off
-    recent_weight: float = 0.7  # a warm user's query: (1 - w) * published row + w * their recent items; 0: the row alone
-    kernel_weight: float = 0.7  # a warm user's score: (1 - k) * query.v + k * the interest kernel over recent items; 0: off
-    cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) * encoder vector.v + s * the structural readout; 0: off
-    cold_prior_days: float = 7.0  # with the structural readout, cold users' item prior: engagements in their users' first
-    # days (hir_model.eval.readout); 0: the warm users' prior
 
 
 def spec_of(partitions: dg.TimeWindowPartitionsDefinition) -> WindowSpec:
@@ -91,8 +82,6 @@ def metadata(outcome: WindowOutcome, history: list, store, key: str, rows: int) 
     }
     if outcome.agreement:
         meta["planted_agreement"] = dg.MetadataValue.md(agreement_markdown(outcome.agreement))
-    if "bom_vs_exact" in extras:
-        meta["bom_vs_exact"] = dg.MetadataValue.json(extras["bom_vs_exact"])
     if ev.lift is not None and ev.lift.extended is not None:
         meta["downstream_auc_lift"] = round(ev.lift.auc_lift, 4)
     return meta
@@ -126,7 +115,7 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
         EVALUATION_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, description=DESCRIPTION,
         deps=[dg.AssetDep(EVENTS_ASSET, partition_mapping=THIS_AND_NEXT), dg.AssetDep(CATALOG_ASSET, partition_mapping=THIS_AND_NEXT),
               dg.AssetDep(CONTENT_ASSET, partition_mapping=THIS_AND_NEXT), ENCODER_ASSET, EMBEDDINGS_ASSET, GRAPH_ASSET,
-              HIERARCHY_ASSET, BOM_ASSET, dg.AssetDep(EVALUATION_ASSET, partition_mapping=PREVIOUS)])
+              HIERARCHY_ASSET, HEAD_ASSET, BOM_ASSET, dg.AssetDep(EVALUATION_ASSET, partition_mapping=PREVIOUS)])
     checks = [
         dg.AssetCheckSpec(CAUSAL_READS_CHECK, asset=EVALUATION_ASSET,
                           description="leak guard: nothing after window t was opened but window t+1's events, catalogue "
@@ -141,11 +130,7 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
                           source: SourceResource):
         """Evaluate window t on window t+1's events, or skip (with an observation saying why) until they exist."""
         window, store = window_of(context), storage.store()
-        hir = HIRMethodConfig(cold_users=config.cold_users, prior_weight=config.prior_weight,
-                              calibrate_days=config.calibrate_days or None, recent_weight=config.recent_weight,
-                              kernel_weight=config.kernel_weight, cold_structure_weight=config.cold_structure_weight,
-                              cold_prior_days=config.cold_prior_days or None)
-        settings = WindowEvalConfig(hir=hir, warm_start=config.warm_start)
+        settings = WindowEvalConfig(warm_start=config.warm_start)
         outcome = evaluate_published_window(store, spec_at_load, window.key, settings, planted_truth(source))
         if not isinstance(outcome, WindowOutcome):
             context.log.warning(outcome.reason)

@@ -1,10 +1,19 @@
-"""Index stage: bom_index (Bag-of-Meaning tokens, the inverted index token -> items, the faiss index over items)."""
+"""Index stage: ranking_head (the state HIR's one ranking head scores with, fitted at the window's end) and bom_index
+(Bag-of-Meaning tokens, the inverted index token -> items, the faiss index over the head's items)."""
 
 import dagster as dg
+import numpy as np
 
 from dagster_project.partitions import window_of
 from dagster_project.resources import PartitionStorage
-from hir_model.hierarchy.window import EMBEDDINGS_ASSET, HIERARCHY_ASSET
+from hir_assets.evaluation import spec_of
+from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
+from hir_model.graph.window import GRAPH_ASSET
+from hir_model.hierarchy.window import EMBEDDINGS_ASSET, ENCODER_ASSET, HIERARCHY_ASSET
+from hir_model.rank.fit import WEIGHTS
+from hir_model.rank.head import HeadConfig
+from hir_model.rank.state import HEAD_ASSET, HeadState, write_head
+from hir_model.rank.window import build_head_state
 from hir_model.retrieval import IndexConfig
 from hir_model.retrieval.window import BOM_ASSET, build_window_index
 
@@ -12,57 +21,133 @@ GROUP = "index"
 TOKENS_PER_LEVEL_CHECK = "token_per_level"
 POSTING_SHARE_CHECK = "posting_share"
 RECALL_CHECK = "bom_recall_at_100"
+HEAD_FINITE_CHECK = "head_finite"
+HEAD_COVERAGE_CHECK = "head_items_covered"
+HEAD_WEIGHTS_CHECK = "head_weights_in_grid"
+
+
+class RankingHeadRun(dg.Config):
+    prior_weight: float = 1.0  # the item prior's weight in the training's logit units where it is not fitted; 0: no prior
+    calibrate_days: float = 7.0  # fit the prior's weight on the window's last days (hir_model.rank.fit); 0: off
+    recent_weight: float = 0.7  # a warm user's query: (1 - w) x published row + w x their recent items; 0: the row alone
+    kernel_weight: float = 0.7  # a warm user's score: (1 - k) x query.v + k x the interest kernel over recent items; 0: off
+    cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) x encoder vector.v + s x the structural readout; 0: off
+    cold_prior_days: float = 7.0  # cold users' prior: engagements in their users' first days; 0: the warm users' prior
+
+    def head_config(self) -> HeadConfig:
+        return HeadConfig(prior_weight=self.prior_weight, calibrate_days=self.calibrate_days or None,
+                          recent_weight=self.recent_weight, kernel_weight=self.kernel_weight,
+                          cold_structure_weight=self.cold_structure_weight, cold_prior_days=self.cold_prior_days or None)
 
 
 class BomIndexRun(dg.Config):
     exact_max: int = 50_000  # items up to this many: exact IndexFlatIP; above: HNSW
     max_posting_share: float = 0.05  # no token's posting list may hold more than this share of the items
-    recall_threshold: float = 0.9  # BoM recall@100 vs exact faiss below this blocks publication downstream
+    recall_threshold: float = 0.9  # served recall@100 vs the head's exact top-100 below this blocks publication downstream
     recall_users: int = 200  # users sampled for the recall measurement
-    probe_factor: float = 0.0  # a top-k query scores this x k candidates from its nearest fine primitives' postings
-    # (0: tuned per window, fixed or adaptive per-query budgets, whichever needs fewer: see hir_model.retrieval.index)
+    probe_factor: float = 0.0  # candidates per query: this x (k + the user's engaged items); 0: tuned per window
     target_recall: float = 0.95  # the tuned budget's target recall@100 on calibration users (other than the check's)
+    max_candidate_share: float = 0.5  # the tuned budget scores at most this share of the items per query on average
+
+
+def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
+    """(check, passed, description, numeric metadata) of a head state before it is published."""
+    arrays = {"embedding": state.vectors, "log_prior": state.log_prior, "cold_log_prior": state.cold_log_prior,
+              "structure": state.structure}
+    bad = {k: int((~np.isfinite(v)).sum()) for k, v in arrays.items() if v is not None}
+    norms = np.linalg.norm(state.vectors, axis=1) if state.n_items else np.ones(0)
+    off_unit = int((np.abs(norms - 1) > 1e-3).sum())
+    fitted = state.calibration is not None
+    grid = WEIGHTS if fitted else (state.config.prior_weight,)
+    in_grid = any(np.isclose(state.prior_weight, w) for w in grid)
+    shares = [state.config.recent_weight, state.config.kernel_weight, state.config.cold_structure_weight]
+    history_ok = bool(len(state.history.item) == 0 or (state.history.item.max() < state.n_items and state.history.ts.max() < state.end_us))
+    return [
+        (HEAD_FINITE_CHECK, not any(bad.values()), f"non-finite values per column: {bad}", {"non_finite": sum(bad.values())}),
+        (HEAD_COVERAGE_CHECK, state.n_items > 0 and off_unit == 0 and history_ok,
+         f"{state.n_items} items, each with a vector ({off_unit} not unit norm); history: every event on a head item "
+         f"before the window's end: {history_ok}", {"items": state.n_items, "not_unit_norm": off_unit,
+                                                     "users": int(state.history.n_users)}),
+        (HEAD_WEIGHTS_CHECK, in_grid and all(0 <= s <= 1 for s in shares),
+         f"prior weight {state.prior_weight:g} {'fitted from' if fitted else 'configured, in'} {list(grid)}; shares "
+         f"recent/kernel/cold-structure {shares}", {"prior_weight": float(state.prior_weight),
+                                                    "calibration_users": state.calibration.users if fitted else 0}),
+    ]
 
 
 def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
+    spec_at_load = spec_of(partitions)
+    head_specs = [dg.AssetCheckSpec(name, asset=HEAD_ASSET, blocking=True, description=text) for name, text in (
+        (HEAD_FINITE_CHECK, "every vector, prior and structural encoding the head scores with is finite"),
+        (HEAD_COVERAGE_CHECK, "every item the window knows has a unit vector; the history only holds those items, "
+                              "before the window's end"),
+        (HEAD_WEIGHTS_CHECK, "the prior's weight is one of the calibration grid's (or the configured one); shares in [0, 1]"))]
+
+    @dg.asset(name=HEAD_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=head_specs,
+              backfill_policy=dg.BackfillPolicy.multi_run(1),
+              deps=[EVENTS_ASSET, CATALOG_ASSET, GRAPH_ASSET, ENCODER_ASSET, EMBEDDINGS_ASSET])
+    def ranking_head(context: dg.AssetExecutionContext, config: RankingHeadRun, storage: PartitionStorage) -> dg.MaterializeResult:
+        """The state HIR's ranking head scores with at the window's end: items' vectors and priors, fitted weights, history."""
+        window, store = window_of(context), storage.store()
+        state = build_head_state(store, spec_at_load, window.key, config.head_config())
+        checks = head_checks(state)
+        with store.writing() as staging:
+            write_head(staging.path(HEAD_ASSET, window.key), state)
+        context.log.info(f"ranking head {window.key}: {state.n_items} items, {state.history.n_users} users, prior weight "
+                         f"{state.prior_weight:g}")
+        summary = state.summary()
+        return dg.MaterializeResult(
+            check_results=[dg.AssetCheckResult(asset_key=HEAD_ASSET, check_name=n, passed=bool(ok), description=d, metadata=m)
+                           for n, ok, d, m in checks],
+            metadata={"dagster/row_count": state.n_items, "users": summary["users"], "events": summary["events"],
+                      "prior_weight": float(state.prior_weight), "temp": float(state.temp),
+                      "structural_readout": summary["structural_readout"], "cold_prior": summary["cold_prior"],
+                      "calibration": dg.MetadataValue.json(summary["calibration"] or {}),
+                      "config": dg.MetadataValue.json(summary["config"]),
+                      "path": dg.MetadataValue.path(store.uri(HEAD_ASSET, window.key))})
+
     specs = [dg.AssetCheckSpec(name, asset=BOM_ASSET, blocking=True, description=text) for name, text in (
         (TOKENS_PER_LEVEL_CHECK, "every embedded entity has at least one token at every level"),
         (POSTING_SHARE_CHECK, "no token's posting list holds more than the configured share of the items (default 5%)"),
-        (RECALL_CHECK, "BoM recall@100 against exact faiss top-100 on sampled users is at least the threshold (default 0.9)"))]
+        (RECALL_CHECK, "served top-100 (BoM candidates reranked by the ranking head) against the head's exact top-100 on "
+                       "sampled users: mean recall at least the threshold (default 0.9)"))]
 
     @dg.asset(name=BOM_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet", "faiss"},
-              backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[EMBEDDINGS_ASSET, HIERARCHY_ASSET], check_specs=specs)
+              backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[EMBEDDINGS_ASSET, HIERARCHY_ASSET, HEAD_ASSET],
+              check_specs=specs)
     def bom_index(context: dg.AssetExecutionContext, config: BomIndexRun, storage: PartitionStorage) -> dg.MaterializeResult:
-        """Bag-of-Meaning tokens per entity, an inverted index token -> items by weight, and a faiss index over items."""
+        """Bag-of-Meaning tokens per entity, an inverted index token -> items by weight, a faiss index over the head's items."""
         window, store = window_of(context), storage.store()
         cfg = IndexConfig(exact_max=config.exact_max, max_posting_share=config.max_posting_share, recall_users=config.recall_users,
-                          probe_factor=config.probe_factor or None, target_recall=config.target_recall)
+                          probe_factor=config.probe_factor or None, target_recall=config.target_recall,
+                          max_candidate_share=config.max_candidate_share)
         with store.writing() as staging:
             build = build_window_index(store, window.key, staging.path(BOM_ASSET, window.key), cfg)
         p, r = build.postings, build.recall
         limit = config.max_posting_share * max(p.items, 1)
-        checks = [dg.AssetCheckResult(asset_key=BOM_ASSET, check_name=name, passed=bool(ok), description=text) for name, ok, text in (
+        checks = [dg.AssetCheckResult(asset_key=BOM_ASSET, check_name=name, passed=bool(ok), description=text, metadata=meta)
+                  for name, ok, text, meta in (
             (TOKENS_PER_LEVEL_CHECK, build.levels > 0 and not any(build.missing_per_level.values()),
-             f"entities without a token per level: {build.missing_per_level}"),
+             f"entities without a token per level: {build.missing_per_level}",
+             {"entities_missing_a_level": int(sum(build.missing_per_level.values()))}),
             (POSTING_SHARE_CHECK, p.longest <= max(limit, 1),
              f"longest posting list {p.longest} items, limit {limit:.1f} ({config.max_posting_share:.0%} of {p.items}); "
-             f"{p.truncated} of {p.tokens} lists were cut to their {p.cap} heaviest"),
+             f"{p.truncated} of {p.tokens} lists were cut to their {p.cap} heaviest",
+             {"longest_posting": int(p.longest), "limit": float(limit)}),
             (RECALL_CHECK, r.recall >= config.recall_threshold,
-             f"recall@{r.k} {r.recall:.3f} (threshold {config.recall_threshold}) over {r.queries} users, "
-             f"{r.candidates_per_query:.0f} of {r.items} items scored per query on average ("
-             + (f"fixed budget, probe factor {build.probe_factor:g}" if build.probe_margin is None else
-                f"adaptive budgets, margin {build.probe_margin:g}, at most {build.probe_factor:g} x k")
-             + f"{', tuned on other users' if not config.probe_factor else ''})"))]
+             f"recall@{r.k} {r.recall:.3f} of the head's exact top-{r.k} (threshold {config.recall_threshold}) over "
+             f"{r.queries} users, {r.candidates_per_query:.0f} of {r.items} items scored per query on average "
+             f"({r.candidate_fraction:.1%}; probe factor {build.probe_factor:g}"
+             f"{', tuned on other users' if not config.probe_factor else ''})",
+             {"recall": float(r.recall), "candidate_fraction": float(r.candidate_fraction), "users": int(r.queries)}))]
         return dg.MaterializeResult(check_results=checks, metadata={
             "dagster/row_count": build.tokens.num_rows, "entities": build.entities, "items": build.items, "levels": build.levels,
             "tokens": p.tokens, "posting_cap": p.cap, "longest_posting": p.longest, "postings_truncated": p.truncated,
             "recall_at_100": round(r.recall, 4), "recall_queries": r.queries,
-            "candidates_per_query": round(r.candidates_per_query, 1), "probe_factor": build.probe_factor,
-            "probe_factor_tuned": not config.probe_factor,
-            "probe_margin": dg.MetadataValue.float(build.probe_margin) if build.probe_margin is not None else "fixed budget",
-            "candidate_fraction": round(r.candidates_per_query / max(r.items, 1), 4),
-            "bom_qps": round(r.bom_qps, 1), "exact_qps": round(r.exact_qps, 1),
+            "candidates_per_query": round(r.candidates_per_query, 1), "probe_factor": float(build.probe_factor),
+            "probe_factor_tuned": not config.probe_factor, "candidate_fraction": round(r.candidate_fraction, 4),
+            "served_qps": round(r.served_qps, 1), "exact_qps": round(r.exact_qps, 1),
             "faiss": "IndexFlatIP (exact)" if build.items <= config.exact_max else "IndexHNSWFlat",
             "path": dg.MetadataValue.path(store.uri(BOM_ASSET, window.key))})
 
-    return [bom_index]
+    return [ranking_head, bom_index]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from hir_model.config import load_config
 
@@ -27,31 +28,63 @@ def _windows(args: argparse.Namespace) -> int:
     return 0
 
 
+def _context(args: argparse.Namespace):
+    """--context id1,id2[:purchase],... or --context-file (JSON lines or CSV: entity_id, optional ts, event_type)."""
+    from hir_model.rank.context import parse_context, read_context_file
+
+    if args.context_file:
+        return read_context_file(args.context_file)
+    return parse_context(args.context) if args.context else None
+
+
 def _retrieve(args: argparse.Namespace) -> int:
     import time
 
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # before the import: its CPU-feature probing is noise here
+    from hir_model.rank.recommender import Recommender, UnknownUser
     from hir_model.retrieval.window import load_window_index
     from hir_model.storage import PartitionStore
 
-    query = args.entity or args.user
+    if not (args.user or args.entity or args.context or args.context_file):
+        print("hir retrieve: give --user, --context / --context-file, or --entity", file=sys.stderr)
+        return 2
+    store = PartitionStore(load_config().storage_uri)
     start = time.perf_counter()
     try:
-        index = load_window_index(PartitionStore(load_config().storage_uri), args.window)
-    except FileNotFoundError as exc:
+        context = _context(args)
+        index = load_window_index(store, args.window)
+        rec = None if args.entity else Recommender.load(store, args.window)
+    except (FileNotFoundError, ValueError) as exc:
         print(f"hir retrieve: {exc}", file=sys.stderr)
         return 2
     loaded = time.perf_counter()
-    r = index.retriever
-    try:
-        hits = r.similar(query, args.k, args.exact) if args.entity else r.retrieve(query, args.k, args.exact)
-    except KeyError as exc:
-        print(f"hir retrieve: {exc.args[0]} (window {args.window})", file=sys.stderr)
-        return 2
+    if args.entity:
+        r = index.retriever
+        try:
+            hits = r.similar(args.entity, args.k, args.exact)
+        except KeyError as exc:
+            print(f"hir retrieve: {exc.args[0]} (window {args.window})", file=sys.stderr)
+            return 2
+        how = "exact faiss" if args.exact else f"BoM, {len(r.candidates(args.entity, args.k + 1))} candidates"
+        query, label = args.entity, f"similar to {args.entity} [{index.describe(args.entity)}]"
+    else:
+        query = args.user or "context"
+        try:
+            hits = rec.recommend(args.user, context, args.k, args.exact, args.include_seen)
+        except UnknownUser as exc:
+            print(f"hir retrieve: {exc}", file=sys.stderr)
+            return 2
+        skipped = rec.unknown_items(context or [])
+        if skipped:
+            print(f"hir retrieve: {len(skipped)} context items are not items of window {args.window} and were left out: "
+                  f"{', '.join(skipped[:5])}", file=sys.stderr)
+        how = ("the ranking head over every item" if args.exact else "BoM candidates reranked by the ranking head") + \
+              ("" if args.include_seen else ", engaged items left out")
+        who = f"user {args.user}" if args.user and rec.knows(args.user) else f"a context of {len(context or [])} events"
+        label = f"for {who} [{index.describe(query)}]" if args.user and rec.knows(args.user) else f"for {who}"
     took = time.perf_counter() - loaded
-    how = "exact faiss" if args.exact else f"BoM, {len(r.candidates(query, args.k + bool(args.entity)))} candidates"
-    print(f"{'similar to' if args.entity else 'for'} {query} [{index.describe(query)}] in {args.window}: "
-          f"top {len(hits)} by {how}; loaded in {loaded - start:.2f}s, answered in {took * 1000:.1f} ms")
+    print(f"{label} in {args.window}: top {len(hits)} by {how}; loaded in {loaded - start:.2f}s, answered in "
+          f"{took * 1000:.1f} ms")
     for i, h in enumerate(hits, 1):
         print(f"{i:3d}  {h.score:+.4f}  {h.entity_type:<10} {h.entity_id:<24} {index.describe(h.entity_id)}")
     return 0
@@ -63,13 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare", help="fetch or generate the configured source's data (idempotent)").set_defaults(func=_prepare)
     sub.add_parser("windows", help="list the configured windows (partition keys)").set_defaults(func=_windows)
-    retrieve = sub.add_parser("retrieve", help="top items for a user (or entities similar to an entity) in a materialised window")
+    retrieve = sub.add_parser("retrieve", help="top items for a user or a context (the ranking head, as served), or "
+                                               "entities similar to an entity, in a materialised window")
     retrieve.add_argument("--window", required=True, help="partition key (window start, YYYY-MM-DD)")
-    who = retrieve.add_mutually_exclusive_group(required=True)
-    who.add_argument("--user", help="a user id: items from its Bag-of-Meaning postings, reranked by embedding")
-    who.add_argument("--entity", help="an entity id: similar items (itself excluded)")
+    who = retrieve.add_mutually_exclusive_group()
+    who.add_argument("--user", help="a user id: BoM candidates reranked by the ranking head (a user unknown to the window "
+                                    "needs --context)")
+    who.add_argument("--entity", help="an entity id: similar items by embedding (itself excluded)")
+    ctx = retrieve.add_mutually_exclusive_group()
+    ctx.add_argument("--context", help="serve a user the window does not know by their events: id1,id2:purchase,... "
+                                       "oldest first (an event type after ':'; default click)")
+    ctx.add_argument("--context-file", type=Path, help="the same from a file: JSON lines or CSV with entity_id and "
+                                                       "optional ts (ISO 8601 or epoch µs) and event_type")
     retrieve.add_argument("--k", type=int, default=20)
-    retrieve.add_argument("--exact", action="store_true", help="exact faiss search over every item instead of BoM")
+    retrieve.add_argument("--exact", action="store_true", help="score every item instead of the BoM candidates")
+    retrieve.add_argument("--include-seen", action="store_true", help="keep the items the user already engaged with")
     retrieve.set_defaults(func=_retrieve)
     args = parser.parse_args(argv)
     return args.func(args)

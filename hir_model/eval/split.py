@@ -191,17 +191,9 @@ def build_split(history: pa.Table, known: pa.Table, next_events: pa.Table, new: 
     next_events: window t+1's events; new: catalog(t+1) (only its rows first seen inside t+1 are used)."""
     items = item_space(known, new, window, next_window, config)
     index = pd.Index(items.ids)
-    end_us, lo_us, hi_us = to_us(window.end), to_us(next_window.start), to_us(next_window.end)
-
-    h = to_frame(of_types(history, config.engagement_types), EVENT_COLUMNS)
-    h = h[h.ts < end_us]
-    h_item = index.get_indexer(h.entity_id)
-    h = h.assign(item=h_item)[(h_item >= 0) & (h_item < items.n_known)]
-    user_ids = np.sort(h.user_id.unique()).astype(object)
-    h = h.assign(user=pd.Index(user_ids).get_indexer(h.user_id), deep=h.event_type.isin(config.deep_funnel_types))
-    h = h.sort_values(["user", "ts", "item"], kind="stable")
-    train = Interactions(window.key, end_us, user_ids, h.user.to_numpy(np.int64), h.item.to_numpy(np.int64),
-                         h.ts.to_numpy(np.int64), h.deep.to_numpy(bool), items.n_known)
+    lo_us, hi_us = to_us(next_window.start), to_us(next_window.end)
+    train = _interactions(history, items, window, config)
+    user_ids = train.user_ids
 
     n = to_frame(of_types(next_events, config.engagement_types), EVENT_COLUMNS)
     before = len(n)
@@ -212,9 +204,31 @@ def build_split(history: pa.Table, known: pa.Table, next_events: pa.Table, new: 
 
     warm = warm_group(train, n[warm_rows])
     cold, too_few = _cold_group(n[~warm_rows], config.cold_min_items)
-    counts = SplitCounts(len(h), len(user_ids), items.n_known, len(items) - items.n_known, len(n), len(warm.queries),
+    counts = SplitCounts(len(train.user), len(user_ids), items.n_known, len(items) - items.n_known, len(n), len(warm.queries),
                          len(cold.queries), too_few, before - len(n))
     return WindowSplit(window.key, next_window.key, train, items, warm, cold, counts)
+
+
+def _interactions(history: pa.Table, items: ItemSpace, window: Window, config: SplitConfig) -> Interactions:
+    """Engagement events with ts < end(t) on the known items of `items`, indexed and sorted by user, time, item."""
+    index, end_us = pd.Index(items.ids), to_us(window.end)
+    h = to_frame(of_types(history, config.engagement_types), EVENT_COLUMNS)
+    h = h[h.ts < end_us]
+    h_item = index.get_indexer(h.entity_id)
+    h = h.assign(item=h_item)[(h_item >= 0) & (h_item < items.n_known)]
+    user_ids = np.sort(h.user_id.unique()).astype(object)
+    h = h.assign(user=pd.Index(user_ids).get_indexer(h.user_id), deep=h.event_type.isin(config.deep_funnel_types))
+    h = h.sort_values(["user", "ts", "item"], kind="stable")
+    return Interactions(window.key, end_us, user_ids, h.user.to_numpy(np.int64), h.item.to_numpy(np.int64),
+                        h.ts.to_numpy(np.int64), h.deep.to_numpy(bool), items.n_known)
+
+
+def build_train(history: pa.Table, known: pa.Table, window: Window,
+                config: SplitConfig = SplitConfig()) -> tuple[Interactions, ItemSpace]:
+    """Window t alone, as `build_split` sees it: the train interactions and the items known by end(t) (what the ranking
+    head is fitted on at end(t), before t+1 exists). history: events with ts < end(t); known: catalog(t)."""
+    items = item_space(known, known.slice(0, 0), window, window, config)
+    return _interactions(history, items, window, config), items
 
 
 def _targets(frame: pd.DataFrame, query_of: pd.Series, n_queries: int) -> tuple[Ragged, Ragged]:

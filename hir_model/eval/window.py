@@ -1,11 +1,11 @@
 """One window's full evaluation from the published tables: what the `window_evaluation` asset computes.
 
-HIR (window t's `entity_embeddings`, `hir_encoder`, `engagement_graph`, `content_embeddings`) and the baselines are
-scored on the same split of t+1 (`hir_model.eval.run`); on top of the ranking table:
+HIR (window t's `ranking_head` state with its `entity_embeddings`, `hir_encoder`, `engagement_graph`, `content_embeddings`
+and `bom_index`: three rows, hir_model.eval.hir) and the baselines are scored on the same split of t+1
+(`hir_model.eval.run`); on top of the ranking table:
 - the downstream conversion model with and without HIR's pair features (embedding score of warm users and, when
   `interest_hierarchy` of t exists, per-level primitive affinities, i.e. shared BoM tokens weighted);
 - with planted ground truth (synthetic source): NMI and ARI per level of the hierarchy's top primitives;
-- when `bom_index` of t exists: BoM vs exact top-20 agreement for the warm users evaluated;
 - the stateful baselines warm-start from the latest earlier window's saved state (never a later one).
 
 Reads: raw_events <= t+1, entity_catalog t and t+1, content_embeddings t and t+1 (new items only), and window t's
@@ -25,7 +25,7 @@ from hir_model.data.windows import WindowSpec
 from hir_model.eval.agreement import LevelAgreement, planted_agreement, primitive_affinity
 from hir_model.eval.baselines import BaselinesConfig, baselines
 from hir_model.eval.artefacts import load_artefacts, missing_artefacts
-from hir_model.eval.hir import HIR, HIRMethodConfig
+from hir_model.eval.hir import HeadMethod
 from hir_model.eval.lift import PairFeatures
 from hir_model.eval.method import Method
 from hir_model.eval.publish import (EVALUATION_ASSET, STATE_FILE, load_states, method_state, previous_state_key,
@@ -35,19 +35,18 @@ from hir_model.eval.split import to_us
 
 log = logging.getLogger("hir")
 
-HIERARCHY_ASSET, ASSIGNMENTS_FILE, BOM_ASSET = "interest_hierarchy", "assignments", "bom_index"
-ALL_METHODS = ("hir", "popularity", "content", "mf_als", "lightgcn")
+HIERARCHY_ASSET, ASSIGNMENTS_FILE, BOM_ASSET, HEAD_ASSET = "interest_hierarchy", "assignments", "bom_index", "ranking_head"
+HIR_ROWS = ("hir", "hir_exact", "hir_embeddings")
+ALL_METHODS = HIR_ROWS + ("popularity", "content", "mf_als", "lightgcn")
 NEXT_WINDOW_ASSETS = (EVENTS_ASSET, CATALOG_ASSET, CONTENT_ASSET)  # the only assets whose t+1 partition may be read
 
 
 @dataclass(frozen=True)
 class WindowEvalConfig:
-    eval: EvalConfig = EvalConfig(lift_method="hir")
+    eval: EvalConfig = EvalConfig(lift_method="hir_exact")
     baselines: BaselinesConfig = BaselinesConfig()
-    hir: HIRMethodConfig = HIRMethodConfig()
     methods: tuple[str, ...] = ALL_METHODS  # report columns, in order
     warm_start: bool = True  # stateful baselines start from the latest earlier window's saved state
-    bom_k: int = 20  # BoM vs exact top-k agreement
     truth_entity_types: tuple[str, ...] = ("product",)  # planted-interest agreement on these entities
 
 
@@ -73,25 +72,43 @@ def skip_reason(store, spec: WindowSpec, key: str) -> str | None:
     return None
 
 
-def make_methods(names: tuple[str, ...], config: BaselinesConfig, hir: HIR | None) -> list[Method]:
-    pool = {m.name: m for m in baselines(config)}
-    if hir is not None:
-        pool[hir.name] = hir
+def make_methods(names: tuple[str, ...], config: BaselinesConfig, hir: list[HeadMethod]) -> list[Method]:
+    pool = {m.name: m for m in baselines(config)} | {m.name: m for m in hir}
     return [pool[n] for n in names if n in pool]
 
 
-def _bom_agreement(store, key: str, users: np.ndarray, k: int) -> dict | None:
-    from hir_model.retrieval.calibrate import recall_at_k
-    from hir_model.retrieval.window import load_window_index
+def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int) -> tuple[list[HeadMethod], dict, list]:
+    """HIR's rows of `names` from window `key`'s published ranking head (and bom_index for the served row): the methods,
+    their status for the report and the partitions read. No row without the head; no served row without the index."""
+    from hir_model.rank.inductive import InductiveEncoder
+    from hir_model.rank.recommender import Recommender, user_rows
+    from hir_model.rank.state import read_head
+    from hir_model.retrieval.window import load_probe_factor, load_retriever
 
-    if not store.exists(BOM_ASSET, key):
-        return None
-    retriever = load_window_index(store, key).retriever
-    users = [u for u in users if u in retriever.emb_row]
-    if not users:
-        return None
-    r = recall_at_k(retriever, users, k)
-    return {"k": k, "recall": r.recall, "queries": r.queries, "candidates_per_query": r.candidates_per_query, "items": r.items}
+    wanted = [n for n in HIR_ROWS if n in names]
+    if not wanted:
+        return [], {"evaluated": False, "reason": "not requested"}, []
+    missing = missing_artefacts(store, key) or (None if store.exists(HEAD_ASSET, key) else f"{HEAD_ASSET} for {key} is not materialised")
+    if missing:
+        return [], {"evaluated": False, "reason": missing}, []
+    artefacts = load_artefacts(store, key, end_us)
+    inductive = InductiveEncoder(artefacts)
+    state = read_head(store.partition_dir(HEAD_ASSET, key))
+    rows, has = user_rows(artefacts.embeddings, state.history.user_ids)
+    opened = [(HEAD_ASSET, key), ("hir_encoder", key), ("entity_embeddings", key)]
+    opened += [("engagement_graph", key)] if artefacts.graph is not None else []
+    opened += [(CONTENT_ASSET, key)] if artefacts.content is not None else []
+    retriever = None
+    status = {"evaluated": True, "model_version": artefacts.model.version, "head": state.summary()}
+    if "hir" in wanted and store.exists(BOM_ASSET, key):
+        retriever = load_retriever(store, key, artefacts.embeddings)
+        status["probe_factor"] = load_probe_factor(store, key)
+        opened.append((BOM_ASSET, key))
+    elif "hir" in wanted:
+        wanted.remove("hir")
+        status["served"] = f"not evaluated: {BOM_ASSET} for {key} is not materialised"
+    rec = Recommender(state, rows, has, retriever, inductive, probe_factor=status.get("probe_factor"))
+    return [HeadMethod(rec, inductive, n, depth) for n in wanted], status, opened
 
 
 def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowEvalConfig = WindowEvalConfig(),
@@ -107,18 +124,11 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
     end_us = to_us(window.end)
     opened: list[tuple[str, str]] = []
     extras: dict = {}
-    hir_missing = missing_artefacts(store, key) if "hir" in config.methods else "not requested"
-    hir = None
-    if hir_missing is None:
-        artefacts = load_artefacts(store, key, end_us)
-        hir = HIR(artefacts, config.hir)
-        opened += [("hir_encoder", key), ("entity_embeddings", key)]
-        opened += [("engagement_graph", key)] if artefacts.graph is not None else []
-        opened += [(CONTENT_ASSET, key)] if artefacts.content is not None else []
-        extras["hir"] = {"evaluated": True, "model_version": artefacts.model.version, "cold_users": config.hir.cold_users}
-    else:
-        extras["hir"] = {"evaluated": False, "reason": hir_missing}
-        log.warning("window %s: HIR not evaluated: %s", key, hir_missing)
+    depth = max(config.eval.recall_ks + config.eval.ndcg_ks)
+    hir, extras["hir"], hir_opened = hir_methods(store, key, end_us, config.methods, depth)
+    opened += hir_opened
+    if not hir and "reason" in extras["hir"] and extras["hir"]["reason"] != "not requested":
+        log.warning("window %s: HIR not evaluated: %s", key, extras["hir"]["reason"])
     methods = make_methods(config.methods, config.baselines, hir)
 
     restored, source = [], None
@@ -141,31 +151,21 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
             return np.zeros((len(pairs.y), 0)), ()
         return primitive_affinity(assignments, pairs.user_ids, pairs.item_ids)
 
-    eval_config = config.eval if hir is not None else replace(config.eval, lift_method="mf_als")
+    lift = config.eval.lift_method
+    eval_config = config.eval if lift in {m.name for m in methods} else replace(config.eval, lift_method="mf_als")
     reader = TableReader(store)
-    result = evaluate_window(store, spec, key, methods, eval_config, reader, lift_features if hir is not None else None)
+    result = evaluate_window(store, spec, key, methods, eval_config, reader, lift_features if hir else None)
     opened = reader.opened + opened
     if isinstance(result, WindowSkipped):
         return result
-    if hir is not None:
-        extras["hir"].update(cold_users_encoded=hir.cold_encoded, single_token_items=hir.single_token_items,
-                             prior_scale=hir.prior_scale, prior_weight=hir.prior_weight,  # as fitted on window t (readout)
-                             prior_calibration=hir.calibration.as_dict() if hir.calibration is not None else None,
-                             recent_weight=config.hir.recent_weight, recent_half_life_days=config.hir.recent_half_life_days,
-                             kernel_weight=config.hir.kernel_weight, kernel_temp=config.hir.kernel_temp,
-                             cold_structure_weight=config.hir.cold_structure_weight, cold_prior_days=config.hir.cold_prior_days,
-                             cold_prior_weight=config.hir.cold_prior_weight,
-                             cold_prior_half_life_days=config.hir.cold_prior_half_life_days,
-                             structural_readout=hir.structural_readout, cold_prior=hir.cold_prior is not None)
+    if hir:
+        inductive = hir[0].inductive
+        extras["hir"].update(cold_users_encoded=inductive.cold_encoded, single_token_items=inductive.single_token_items,
+                             rows=[m.name for m in hir])
     agreement = []
     if truth is not None and assignments is not None:
         agreement = planted_agreement(assignments, truth, config.truth_entity_types)
         extras["agreement"] = [asdict(a) for a in agreement]
-    if hir is not None:
-        bom = _bom_agreement(store, key, hir.warm_users(), config.bom_k)
-        if bom is not None:
-            extras["bom_vs_exact"] = bom
-            opened.append((BOM_ASSET, key))
     return WindowOutcome(result, methods, extras, agreement, opened)
 
 

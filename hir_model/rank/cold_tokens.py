@@ -1,4 +1,4 @@
-"""The token arrays of a cold user's sequence while hir_model.eval.hir puts it together: the user's own token, its
+"""The token arrays of a cold user's sequence while hir_model.rank.inductive puts it together: the user's own token, its
 context items (leaves, or their graph(t) trees grafted one level below the user), concatenated and put in BFS order;
 and the content vectors of its graph(t) tokens."""
 

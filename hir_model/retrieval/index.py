@@ -1,26 +1,17 @@
-"""The faiss index over item embeddings, the BoM retriever (postings union, reranked by dot product) and its recall
-against exact search. Everything is stored as plain files (Parquet, faiss.write_index): nothing is pickled.
+"""The faiss index over the ranking head's items, the BoM retriever (probing the inverted index with a query vector) and
+item-to-item similarity. Everything is stored as plain files (Parquet, faiss.write_index): nothing is pickled.
 
 Files under `bom_index/<window>/`: `tokens.parquet`, `postings.parquet`, `items.parquet` (row -> entity_id, entity_type;
-row r is faiss id r), `items.faiss` and `codebook.parquet` (token, level, centroid: the query side's codebook).
+row r is faiss id r and the ranking head's item row r), `items.faiss`, `codebook.parquet` (token, level, centroid: the
+query side's codebook) and `probe.json` (the tuned candidate budget, hir_model.retrieval.window).
 
-Candidates. An entity's stored bag holds its top-k primitives per level (k = 3), which for a user is too few to cover
-its exact top-100: a fine primitive's list holds ~3 x items / K_fine items, and a coarse one's is cut to its heaviest
-5%, mostly far from the user. So a query's bag is widened like an IVF probe over the finest level: each posting gets
-the priority cos(query, its primitive's centroid) + weight_prior x log(its soft-assignment weight), and items come
-best priority first (weight_prior 0: nearest primitive first, each list heaviest first). Coarser levels follow only if
-the finest is exhausted. `probe_factor = 0`: the stored tokens' postings alone.
-
-How many to take. Fixed (`probe_factor` set): every query scores `probe_factor` x k items. Adaptive: a query takes the
-items whose priority is within `probe_margin` of its best one, at least k and at most `probe_factor` x k: a user whose
-interests sit in one or two primitives needs few candidates, one spread between many needs more (IVF's adaptive
-nprobe). Both are tuned per window on calibration users (disjoint from the users the recall check samples): the
-smallest factor, and the smallest margin, whose mean recall@k reaches `target_recall` (the per-query ceiling
-`max_candidate_share` of the items), and the one needing fewer candidates on average is kept. Neither wins
-everywhere (benchmarks/retrieval.py: on the synthetic source with levels 4 / 12 / 36, recall@100 with a tenth of the
-items was higher with adaptive budgets on five of six seed x content runs, by 0.002-0.023, and 0.001 lower on the sixth;
-with 8 / 32 / 128 fixed budgets were kept on five of six; the demo's last
-MovieLens window keeps a fixed budget). The settings are stored in `probe.json` and read back by `Retriever.load`.
+Probing. An entity's stored bag holds its top-k primitives per level (k = 3), too few to cover a user's exact top-100:
+a fine primitive's list holds ~3 x items / K_fine items, and a coarse one's is cut to its heaviest 5%. So a query is
+widened like an IVF probe over the finest level: each posting gets the priority cos(query, its primitive's centroid) +
+weight_prior x log(its soft-assignment weight), and items come best priority first (weight_prior 0: nearest primitive
+first, each list heaviest first). Coarser levels follow only if the finest is exhausted. With a `margin`, a query takes
+only the items whose priority is within it of its best one (at least `floor`): IVF's adaptive nprobe. The served path
+(hir_model.rank.recommender) decides what to probe with and how many candidates to take.
 """
 
 from __future__ import annotations
@@ -43,7 +34,6 @@ from hir_model.retrieval.tokens import POSTINGS_FILE, TOKENS_FILE, read_postings
 
 ITEMS_FILE, FAISS_FILE, CODEBOOK_FILE, PROBE_FILE = "items", "items.faiss", "codebook", "probe.json"
 DEFAULT_PROBE_FACTOR = 3.0  # for an index without probe.json
-ITEM_TYPES = ("product", "advertiser")
 
 
 @dataclass(frozen=True)
@@ -53,12 +43,11 @@ class IndexConfig:
     hnsw_ef_search: int = 128
     max_posting_share: float = 0.05  # a token's posting list keeps at most this share of the items (its heaviest)
     weight_prior: float = 0.05  # probing: a posting's priority is cos(query, centroid) + this x log(weight) (0: list by list)
-    adaptive: bool = True  # tuning: also try per-query budgets (a priority margin), kept if they need fewer candidates
     probe_factor: float | None = None  # a top-k query scores this x k candidates (None: tuned per window, see above)
-    target_recall: float = 0.95  # the tuning's target mean recall@k on the calibration users
-    max_candidate_share: float = 0.5  # the tuning's ceiling: more than this share of the items is no index at all
-    calibration_users: int = 500  # users the budget is tuned on (none of them among the recall check's; 200 undershot: the
-    # margin reaching 0.95 on them gave 0.944 on 1,000 others)
+    target_recall: float = 0.95  # the tuning's target mean recall@k (served vs the head's exact top-k) on calibration users
+    max_candidate_share: float = 0.5  # the tuning's ceiling on the mean share of the items a query scores (a top-100 is
+    # 7.5% of MovieLens' 1,330 items by the demo's eighth window: a tenth cannot hold it at 0.95, see docs/results.md)
+    calibration_users: int = 300  # users the budget is tuned on (none of them among the recall check's)
     recall_k: int = 100
     recall_users: int = 200  # users sampled for the recall measurement
     seed: int = 0
@@ -83,19 +72,18 @@ def codebook_table(primitives: pa.Table) -> pa.Table:
                      "centroid": primitives["centroid"]})
 
 
-def write_index(folder: Path, emb: EntityEmbeddings, tokens: pa.Table, postings: pa.Table, config: IndexConfig = IndexConfig(),
-                primitives: pa.Table | None = None) -> int:
-    """Write the index files (`primitives`: interest_hierarchy's table, for probing; None: queries use their stored
-    tokens only); returns the number of items indexed."""
-    items = np.isin(emb.entity_type, ITEM_TYPES)
+def write_index(folder: Path, item_ids: np.ndarray, item_types: np.ndarray, item_vectors: np.ndarray, tokens: pa.Table,
+                postings: pa.Table, config: IndexConfig = IndexConfig(), primitives: pa.Table | None = None) -> int:
+    """Write the index files over the items (row r: faiss id r; the ranking head's items in its order), `primitives`:
+    interest_hierarchy's table, for probing (None: queries use their stored tokens only); returns the items indexed."""
     pq.write_table(tokens, folder / f"{TOKENS_FILE}.parquet")
     pq.write_table(postings, folder / f"{POSTINGS_FILE}.parquet")
-    pq.write_table(pa.table({"entity_id": pa.array(list(emb.entity_id[items]), pa.string()),
-                             "entity_type": pa.array(list(emb.entity_type[items]), pa.string())}), folder / f"{ITEMS_FILE}.parquet")
-    faiss.write_index(build_faiss(emb.vectors[items], config), str(folder / FAISS_FILE))
+    pq.write_table(pa.table({"entity_id": pa.array(list(item_ids), pa.string()),
+                             "entity_type": pa.array(list(item_types), pa.string())}), folder / f"{ITEMS_FILE}.parquet")
+    faiss.write_index(build_faiss(item_vectors, config), str(folder / FAISS_FILE))
     if primitives is not None:
         pq.write_table(codebook_table(primitives), folder / f"{CODEBOOK_FILE}.parquet")
-    return int(items.sum())
+    return len(item_ids)
 
 
 @dataclass(frozen=True)
@@ -121,17 +109,6 @@ class Hit:
     entity_id: str
     entity_type: str
     score: float
-
-
-@dataclass(frozen=True)
-class RecallReport:
-    recall: float  # mean |BoM top-k & exact top-k| / |exact top-k| over the sampled queries
-    k: int
-    queries: int
-    items: int
-    candidates_per_query: float  # items scored per BoM query (the union of its postings)
-    bom_qps: float
-    exact_qps: float
 
 
 class Retriever:
@@ -211,7 +188,10 @@ class Retriever:
     def probe_ranked(self, entity: str, limit: int, margin: float | None = None, floor: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(rows int64 [n], priorities float64 [n], descending) of probe_order; rows reached through a coarser level
         (the finest exhausted) have priority -inf."""
-        q = self.vector(entity)  # (W,)
+        return self.probe_vector(self.vector(entity), limit, margin, floor)
+
+    def probe_vector(self, q: np.ndarray, limit: int, margin: float | None = None, floor: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """probe_ranked for a query vector q (W,) (e.g. the ranking head's query for a user)."""
         if not self.codebooks:
             return np.zeros(0, np.int64), np.zeros(0)
         rows, prio = self._merged_probe(self.codebooks[0], self.codebooks[0].centroids @ q, limit, margin, floor)

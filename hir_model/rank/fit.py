@@ -1,0 +1,100 @@
+"""Fitting the ranking head's state at end(t): the item priors and the prior's weight, from window t alone.
+
+- The item prior: temp x log of each item's decayed engagement in graph(t) at end(t) (`Graph.strength`), the causal
+  forecast of how often window t+1 engages it; items without any share one floor, half the smallest engaged item's.
+- The prior's weight, fitted on window t's own last days: `fit_prior_weight` holds out the events of the last
+  `calibrate_days` before end(t), builds each held-out user's recent-items score from their events before the cut and
+  the prior from graph(t) at the cut, and keeps the candidate weight with the best deep-funnel Recall@k on the held-out
+  events (their earlier items excluded, as in the evaluation). Published rows have seen the held-out days, so the
+  calibration scores the recent-items part alone (the recent-items query and the kernel, in the score's shares).
+- The new users' prior: a cold user is new, and what new users engage with first is not what everyone engages with (on
+  MovieLens, the films a sign-up is asked to rate). `new_user_engagement` counts, per item, the engagements made in
+  their users' first days, stage-weighted and decayed from end(t).
+Nothing after end(t) is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from hir_model.eval.method import US_PER_DAY, decay, event_weights
+from hir_model.eval.metrics import Ragged, ranking_metrics
+from hir_model.eval.split import Interactions, UserGroup, warm_group
+from hir_model.rank.head import HeadConfig, warm_scores
+
+WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # candidate prior weights (1: the training's logit units)
+
+
+def floored_log(engagement: np.ndarray, temp: float) -> tuple[np.ndarray, float] | None:
+    """(temp x log of each item's engagement, items with none at the floor; the floor, temp x log of half the smallest
+    positive engagement); None when no item has any."""
+    engaged = engagement > 0
+    if not engaged.any():
+        return None
+    floor = float(temp * np.log(engagement[engaged].min() / 2))
+    return np.where(engaged, temp * np.log(np.where(engaged, engagement, 1.0)), floor).astype(np.float32), floor
+
+
+@dataclass(frozen=True)
+class PriorCalibration:
+    weight: float  # the kept weight
+    recall: dict[float, float]  # Recall@k of each candidate weight on the held-out days
+    users: int  # users with held-out deep-funnel targets and an earlier history
+    cut_us: int  # events at or after it were held out
+
+    def as_dict(self) -> dict:
+        return {"weight": self.weight, "users": self.users, "cut_us": self.cut_us,
+                "recall": {str(w): round(r, 4) for w, r in self.recall.items()}}
+
+
+def held_out_split(train: Interactions, cut_us: int) -> UserGroup | None:
+    """Window t's last days as the evaluation's warm group (`split.warm_group`): users with events both before `cut_us`
+    and after it, their events before the cut the context, their later items the targets; None when there are none."""
+    before = train.ts < cut_us
+    pre = replace(train, user=train.user[before], item=train.item[before], ts=train.ts[before], deep=train.deep[before],
+                  end_us=cut_us)
+    after = ~before & (np.bincount(pre.user, minlength=train.n_users) > 0)[train.user]
+    if not after.any():
+        return None
+    later = pd.DataFrame({"user_id": train.user_ids[train.user[after]], "item": train.item[after], "deep": train.deep[after]})
+    return warm_group(pre, later)
+
+
+def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at: Callable[[int], np.ndarray | None],
+                     config: HeadConfig, min_users: int = 20, k: int = 20,
+                     weights: tuple[float, ...] = WEIGHTS) -> PriorCalibration | None:
+    """The candidate prior weight with the best held-out deep-funnel Recall@k (module docstring); None when fewer than
+    `min_users` users have held-out deep-funnel targets. `item_vectors`: (n_items, W) rows of train's items; `log_prior_at(cut_us)`:
+    (n_items,) temp x log prior of the same items as of the cut (weight 1), None when no item is engaged by then.
+    The held-out users are ranked by `warm_scores` without their rows (the kernel's share and temperature of `config`)."""
+    cut = int(train.end_us - config.calibrate_days * US_PER_DAY)
+    group = held_out_split(train, cut)
+    users = 0 if group is None else int((group.deep_funnel.sizes > 0).sum())
+    if users < min_users:
+        return None
+    prior = log_prior_at(cut)
+    if prior is None:  # nothing engaged before the cut: no prior to weigh
+        return None
+    queries = group.queries
+    vectors = item_vectors[:train.n_items]
+    base = warm_scores(queries, vectors, None, config)
+    exclude = Ragged(queries.context.ptr, queries.context.idx)
+    recall = {w: ranking_metrics(base + w * prior[None, :], group.deep_funnel, exclude, recall_ks=(k,), ndcg_ks=(k,)).recall[k]
+              for w in weights}
+    best = max(recall.values())
+    weight = min((w for w, r in recall.items() if r == best), key=lambda w: abs(w - 1.0))  # a tie keeps the unit weight
+    return PriorCalibration(weight, recall, users, cut)
+
+
+def new_user_engagement(train: Interactions, days: float, half_life_days: float | None, deep_weight: float) -> np.ndarray:
+    """(n_items,) each item's engagements made within `days` of their user's first event (module docstring): 1 per event,
+    `deep_weight` for a conversion, x 2^(-age / half-life), age counted back from end(t) (None: no decay)."""
+    first = np.full(train.n_users, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, train.user, train.ts)
+    early = train.ts - first[train.user] < days * US_PER_DAY
+    weight = event_weights(train.deep, deep_weight) * decay(train.end_us - train.ts, half_life_days)
+    return np.bincount(train.item[early], weights=weight[early], minlength=train.n_items)

@@ -1,0 +1,198 @@
+"""HIR's ranking head: the one function that turns window t's representation into scores for a user.
+
+Everything that ranks HIR calls `head_scores`: `hir retrieve`, `hir serve`, the Python API (hir_model.rank.recommender),
+the BoM recall check and the evaluation's `hir`, `hir_exact` and `hir_embeddings` rows. Its inputs are the window's
+published head state (hir_model.rank.state): the items' vectors and priors, the fitted weights, each user's history.
+
+- Warm users (a history before end(t)). The query is (1 - recent_weight) x their published row + recent_weight x the
+  unit mean of their history's item vectors, each event weighted by its stage (a conversion counts `deep_weight` times)
+  and by 2^(-age / half-life), age counted back from the user's own last event: long-run interests plus the last
+  session (PinnerSage / PinnerFormer's long- plus short-term user). The score is (1 - kernel_weight) x query.v +
+  kernel_weight x the interest kernel, temp x log sum_c w_c exp(v_c.v / temp) over the user's distinct recent items
+  c: a soft maximum of the item's similarity to each of them, so a user with two interests is not matched halfway.
+- Cold users (no history; a context of events). Their vector is the frozen encoder's reading of the context over
+  graph(t) (hir_model.rank.inductive). Where the encoder reads structural encodings the score blends it with the
+  structural readout: (1 - cold_structure_weight) x vector.v + cold_structure_weight x the cosine between the user's
+  place in graph(t) (the stage-weighted unit mean of its context items' encodings) and each item's encoding.
+- The item prior. log p(item | user) = PMI + log p(item); unit-norm rows carry the first, so the head adds the second
+  as matrix factorisation's item bias: prior_weight x temp x log prior(item), temp the checkpoint's engagement
+  temperature, prior(item) its decayed engagement in graph(t). Cold users take the new users' prior instead (the
+  engagements made in their users' first days) where the structural readout applies. Weights and priors are fitted at
+  end(t) (hir_model.rank.fit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from hir_model.eval.method import decay, event_weights
+from hir_model.eval.split import Queries
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    deep_weight: float = 2.0  # a converted event weighs this much in the recent items, the kernel and the priors
+    recent_weight: float = 0.7  # a warm user's query: (1 - w) x published row + w x recent items; 0: the row
+    recent_half_life_days: float = 2.0  # recency of the recent items, counted back from the user's last event
+    kernel_weight: float = 0.7  # a warm user's score: (1 - k) x query.v + k x interest kernel; 0: off
+    kernel_temp: float = 0.1  # the kernel's temperature on cosines (-> 0: the best single recent item; large: their mean)
+    kernel_min_share: float = 1e-3  # recent items below this share of the user's heaviest are left out of the kernel
+    cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) x encoder vector.v + s x structural readout; 0: off
+    prior_weight: float = 1.0  # the item prior's weight in the training's logit units; where calibration fits none
+    calibrate_days: float | None = 7.0  # fit the prior's weight on window t's last days (hir_model.rank.fit); None: off
+    cold_prior_days: float | None = 7.0  # cold users' prior: engagements in their users' first days; None: the warm prior
+    cold_prior_weight: float = 0.7  # in the training's logit units, like prior_weight
+    cold_prior_half_life_days: float = 30.0  # the new users' prior decays engagements from end(t) at this half-life
+
+    def __post_init__(self) -> None:
+        shares = {"recent_weight": self.recent_weight, "kernel_weight": self.kernel_weight,
+                  "cold_structure_weight": self.cold_structure_weight}
+        if not all(0.0 <= v <= 1.0 for v in shares.values()):
+            raise ValueError(f"{', '.join(shares)} must be in [0, 1], got {shares}")
+        positive = {"kernel_temp": self.kernel_temp, "recent_half_life_days": self.recent_half_life_days,
+                    "cold_prior_half_life_days": self.cold_prior_half_life_days, "calibrate_days": self.calibrate_days,
+                    "cold_prior_days": self.cold_prior_days}
+        if any(v is not None and v <= 0 for v in positive.values()):
+            raise ValueError(f"{', '.join(positive)} must be > 0 (or None where optional), got {positive}")
+        if self.prior_weight < 0 or self.cold_prior_weight < 0 or self.deep_weight <= 0:
+            raise ValueError(f"prior_weight and cold_prior_weight must be >= 0 and deep_weight > 0, got {self.prior_weight}, "
+                             f"{self.cold_prior_weight}, {self.deep_weight}")
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> HeadConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def embeddings_only(self) -> HeadConfig:
+        """What the learned representation carries: published rows (encoder vectors for cold users) plus the item prior,
+        no recent items, no kernel, no structural readout, the warm prior for everyone."""
+        return replace(self, recent_weight=0.0, kernel_weight=0.0, cold_structure_weight=0.0, cold_prior_days=None)
+
+
+@dataclass(frozen=True)
+class ItemSide:
+    """What the head reads of the items it ranks (rows aligned with the queries' context indices)."""
+
+    vectors: np.ndarray  # (N, W) float32 unit rows in the window's metric space
+    prior: np.ndarray | None  # (N,) float32 the warm users' prior term, weight x temp x log prior (None: no prior)
+    cold_prior: np.ndarray | None  # (N,) float32 the cold users' prior term (None: they take `prior`)
+    structure: np.ndarray | None  # (N, S) structural encodings (None: no structural readout)
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+
+def context_weights(queries: Queries, half_life_days: float | None, deep_weight: float) -> np.ndarray:
+    """(nnz,) weight of each context event: its stage x 2^(-age / half-life), age from the query's own last event."""
+    row = queries.context.row_of
+    last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(last, row, queries.context_ts)
+    return event_weights(queries.context_deep, deep_weight) * decay(last[row] - queries.context_ts, half_life_days)
+
+
+def recent_items(queries: Queries, item_vectors: np.ndarray, half_life_days: float | None, deep_weight: float) -> np.ndarray:
+    """(Q, W) unit rows: each query's context item vectors weighted by stage and recency (None: no recency); zero for a
+    query without context."""
+    ctx = queries.context
+    w = context_weights(queries, half_life_days, deep_weight)
+    out = np.zeros((len(queries), item_vectors.shape[1]))
+    np.add.at(out, ctx.row_of, w[:, None] * item_vectors[ctx.idx])
+    norm = np.linalg.norm(out, axis=1, keepdims=True)
+    return np.divide(out, norm, out=np.zeros_like(out), where=norm > 0).astype(np.float32)
+
+
+def kernel_items(queries: Queries, half_life_days: float | None, deep_weight: float,
+                 min_share: float = 1e-3) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per query, (distinct recent items, their weights summing to 1) as the interest kernel reads them, heaviest first;
+    items below `min_share` of the query's heaviest are left out."""
+    ctx = queries.context
+    w = context_weights(queries, half_life_days, deep_weight)
+    out = []
+    for q in range(len(queries)):
+        lo, hi = ctx.ptr[q], ctx.ptr[q + 1]
+        if hi == lo:
+            out.append((np.zeros(0, np.int64), np.zeros(0)))
+            continue
+        items, inverse = np.unique(ctx.idx[lo:hi], return_inverse=True)
+        weight = np.bincount(inverse, weights=w[lo:hi])
+        keep = weight >= min_share * weight.max()
+        items, weight = items[keep], weight[keep] / weight[keep].sum()
+        order = np.argsort(-weight, kind="stable")
+        out.append((items[order], weight[order]))
+    return out
+
+
+def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: float | None, deep_weight: float,
+                    temp: float, min_share: float = 1e-3, columns: np.ndarray | None = None) -> np.ndarray:
+    """(Q, C) temp x log sum_c w_c exp(v_c . v_i / temp) over each query's kernel items c (`kernel_items`) and the item
+    rows `columns` (None: every item). Zero without context."""
+    target = item_vectors if columns is None else item_vectors[columns]
+    out = np.zeros((len(queries), len(target)), np.float32)
+    for q, (items, weight) in enumerate(kernel_items(queries, half_life_days, deep_weight, min_share)):
+        if not len(items):
+            continue
+        sims = item_vectors[items] @ target.T  # (C, N)
+        top = sims.max(0)
+        out[q] = temp * np.log((weight[:, None] * np.exp((sims - top) / temp)).sum(0)) + top
+    return out
+
+
+def warm_query(queries: Queries, item_vectors: np.ndarray, rows: np.ndarray | None, config: HeadConfig) -> np.ndarray:
+    """(Q, W) a warm user's query: (1 - recent_weight) x row + recent_weight x recent items (rows None: recent items)."""
+    if rows is not None and not config.recent_weight:
+        return rows
+    recent = recent_items(queries, item_vectors, config.recent_half_life_days, config.deep_weight)
+    return recent if rows is None else (1 - config.recent_weight) * rows + config.recent_weight * recent
+
+
+def warm_scores(queries: Queries, item_vectors: np.ndarray, rows: np.ndarray | None, config: HeadConfig,
+                columns: np.ndarray | None = None) -> np.ndarray:
+    """(Q, C) a warm user's score before the prior (module docstring) over item rows `columns` (None: all). rows: (Q, W)
+    the users' published rows, or None for the recent-items part alone (the calibration's: rows have seen its days)."""
+    target = item_vectors if columns is None else item_vectors[columns]
+    out = (1 - config.kernel_weight) * (warm_query(queries, item_vectors, rows, config) @ target.T)
+    if config.kernel_weight:
+        out += config.kernel_weight * interest_kernel(queries, item_vectors, config.recent_half_life_days, config.deep_weight,
+                                                      config.kernel_temp, config.kernel_min_share, columns)
+    return out
+
+
+def cold_scores(queries: Queries, items: ItemSide, vectors: np.ndarray, config: HeadConfig,
+                columns: np.ndarray | None = None) -> np.ndarray:
+    """(Q, C) a cold user's score before the prior: the encoder's vector, blended with the structural readout."""
+    cols = slice(None) if columns is None else columns
+    out = vectors @ items.vectors[cols].T
+    if items.structure is not None and config.cold_structure_weight:
+        placed = recent_items(queries, items.structure, None, config.deep_weight)
+        s = config.cold_structure_weight
+        out = (1 - s) * out + s * (placed @ items.structure[cols].T)
+    return out
+
+
+def head_scores(queries: Queries, items: ItemSide, config: HeadConfig, rows: np.ndarray | None, warm: np.ndarray,
+                cold_vectors: np.ndarray | None, columns: np.ndarray | None = None) -> np.ndarray:
+    """(Q, C) float32 scores of every query over the item rows `columns` (None: all).
+
+    queries: context indices are rows of `items`; warm: (Q,) bool, a user with a history (its context) and a published
+    row in `rows` (Q, W); the others are cold, `cold_vectors` (Q, W) their encoder vectors (rows of warm queries unused)."""
+    cols = slice(None) if columns is None else columns
+    n = len(items) if columns is None else len(columns)
+    out = np.zeros((len(queries), n), np.float32)
+    hot, cold = np.flatnonzero(warm), np.flatnonzero(~warm)
+    if len(hot):
+        out[hot] = warm_scores(queries.take(hot), items.vectors, rows[hot], config, columns)
+        if items.prior is not None:
+            out[hot] += items.prior[cols][None, :]
+    if len(cold):
+        if cold_vectors is None:
+            raise ValueError("cold queries need their encoder vectors")
+        out[cold] = cold_scores(queries.take(cold), items, cold_vectors[cold], config, columns)
+        prior = items.cold_prior if items.cold_prior is not None else items.prior
+        if prior is not None:
+            out[cold] += prior[cols][None, :]
+    return out

@@ -1,0 +1,181 @@
+"""The ranking head's state for window t: everything `head_scores` needs that is known at end(t), fitted from window t's
+published tables and written as plain files (the `ranking_head` asset), so serving and evaluation read the same state.
+
+Files under `ranking_head/<t>/`:
+- `items.parquet`: the items the head ranks (catalog(t)'s item types known by end(t), sorted by id): `entity_id`,
+  `entity_type`, `embedding` (the vector the head scores with: the published row, or the encoder's single-token path for
+  an item without one), `log_prior` (temp x log prior, weight 1), `cold_log_prior` (the new users' prior, null when cold
+  users take the warm prior), `structure` (structural encodings; null when the encoder reads none).
+- `history.parquet`: every engagement before end(t) on those items (`user_id`, `entity_id`, `ts`, `deep`): each warm
+  user's recent-items state and what they already engaged with.
+- `head.json`: the head's settings, the fitted prior weight (and its calibration), the checkpoint's temperature.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from data_contracts.head import HEAD_HISTORY_SCHEMA, HEAD_ITEMS_SCHEMA
+from hir_model.eval.split import Interactions
+from hir_model.rank.fit import WEIGHTS, PriorCalibration, fit_prior_weight, floored_log, new_user_engagement
+from hir_model.rank.head import HeadConfig, ItemSide
+
+HEAD_ASSET = "ranking_head"
+ITEMS_FILE, HISTORY_FILE, HEAD_FILE = "items", "history", "head.json"
+
+
+@dataclass(frozen=True)
+class HeadState:
+    """One window's ranking-head state (module docstring); item rows are the history's item indices."""
+
+    window: str  # key of window t
+    end_us: int  # end(t)
+    config: HeadConfig
+    item_ids: np.ndarray  # (N,) object, sorted
+    item_types: np.ndarray  # (N,) object
+    vectors: np.ndarray  # (N, W) float32 unit rows
+    log_prior: np.ndarray | None  # (N,) float32 temp x log prior (weight 1); None: no prior
+    cold_log_prior: np.ndarray | None  # (N,) float32 temp x log new users' prior (weight 1); None: cold users take log_prior
+    structure: np.ndarray | None  # (N, S) float32; None: no structural readout
+    prior_weight: float  # what multiplies log_prior (fitted on window t's last days, else config.prior_weight)
+    temp: float  # the checkpoint's engagement temperature (0: none recorded, no prior)
+    history: Interactions  # engagements before end(t) on these items
+    calibration: PriorCalibration | None = None
+    prior_floor: float = 0.0  # log_prior of an item nobody engaged with (items first seen after t take it too)
+    cold_prior_floor: float = 0.0  # the same for cold_log_prior
+
+    @property
+    def n_items(self) -> int:
+        return len(self.item_ids)
+
+    def items(self, config: HeadConfig | None = None, new_vectors: np.ndarray | None = None) -> ItemSide:
+        """The item side `head_scores` reads, with this state's weights (config: e.g. `embeddings_only()`; None: own);
+        `new_vectors` (M, W): items first seen after t appended (at the priors' floors, outside graph(t))."""
+        c, m = config or self.config, 0 if new_vectors is None else len(new_vectors)
+        extend = lambda x, fill: x if not m else np.concatenate([x, np.full((m,) + x.shape[1:], fill, x.dtype)])  # noqa: E731
+        vectors = self.vectors if not m else np.concatenate([self.vectors, np.asarray(new_vectors, np.float32)])
+        prior = None if self.log_prior is None else (self.prior_weight * extend(self.log_prior, self.prior_floor)).astype(np.float32)
+        cold = None
+        if self.cold_log_prior is not None and self.prior_weight and c.cold_prior_days is not None and c.cold_structure_weight:
+            cold = (c.cold_prior_weight * extend(self.cold_log_prior, self.cold_prior_floor)).astype(np.float32)
+        structure = extend(self.structure, 0.0) if self.structure is not None and c.cold_structure_weight else None
+        return ItemSide(vectors, prior, cold, structure)
+
+    def summary(self) -> dict:
+        """JSON-ready: what `head.json` holds."""
+        return {"window": self.window, "end_us": self.end_us, "config": self.config.as_dict(), "prior_weight": self.prior_weight,
+                "temp": self.temp, "prior_floor": self.prior_floor, "cold_prior_floor": self.cold_prior_floor, "items": self.n_items, "users": int(self.history.n_users),
+                "events": int(len(self.history.user)), "prior": self.log_prior is not None,
+                "cold_prior": self.cold_log_prior is not None, "structural_readout": self.structure is not None,
+                "calibration": None if self.calibration is None else self.calibration.as_dict(),
+                "weight_grid": list(WEIGHTS)}
+
+
+def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, vectors: np.ndarray,
+             strength_at, temp: float, structure: np.ndarray | None, config: HeadConfig = HeadConfig()) -> HeadState:
+    """The state at end(t) from window t alone. `strength_at(cutoff_us)`: (N,) each item's decayed engagement in graph(t)
+    as of a cutoff <= end(t) (None: no graph, no prior); `temp`: the checkpoint's engagement temperature (0: no prior);
+    `structure`: the items' structural encodings when the encoder reads them."""
+    if len(item_ids) != train.n_items or len(vectors) != train.n_items:
+        raise ValueError(f"{len(item_ids)} item ids and {len(vectors)} vectors for {train.n_items} items of the history")
+
+    def prior_at(cutoff_us: int) -> tuple[np.ndarray, float] | None:
+        if not temp or strength_at is None:
+            return None
+        return floored_log(np.asarray(strength_at(cutoff_us), np.float64), temp)
+
+    prior = prior_at(train.end_us)
+    calibration = None
+    if prior is not None and config.calibrate_days is not None and config.prior_weight:
+        calibration = fit_prior_weight(train, vectors, lambda cut: (p := prior_at(cut)) and p[0], config)
+    cold = None
+    if prior is not None and structure is not None and config.cold_prior_days is not None and config.cold_structure_weight:
+        cold = floored_log(new_user_engagement(train, config.cold_prior_days, config.cold_prior_half_life_days,
+                                               config.deep_weight), temp)
+    weight = calibration.weight if calibration is not None else config.prior_weight
+    return HeadState(train.window, train.end_us, config, np.asarray(item_ids, object), np.asarray(item_types, object),
+                     np.asarray(vectors, np.float32), None if prior is None else prior[0], None if cold is None else cold[0],
+                     None if structure is None else np.asarray(structure, np.float32), float(weight), float(temp), train,
+                     calibration, 0.0 if prior is None else prior[1], 0.0 if cold is None else cold[1])
+
+
+def _matrix_column(x: np.ndarray | None, n: int) -> pa.Array:
+    if x is None:
+        return pa.nulls(n, pa.list_(pa.float32()))
+    return pa.array(list(np.asarray(x, np.float32)), pa.list_(pa.float32()))
+
+
+def write_head(folder: Path, state: HeadState) -> None:
+    """The state's three files into `folder` (a staging folder)."""
+    folder, n = Path(folder), state.n_items
+    pq.write_table(pa.table({
+        "entity_id": pa.array(list(state.item_ids), pa.string()), "entity_type": pa.array(list(state.item_types), pa.string()),
+        "embedding": _matrix_column(state.vectors, n),
+        "log_prior": pa.array(state.log_prior, pa.float32()) if state.log_prior is not None else pa.nulls(n, pa.float32()),
+        "cold_log_prior": (pa.array(state.cold_log_prior, pa.float32()) if state.cold_log_prior is not None
+                           else pa.nulls(n, pa.float32())),
+        "structure": _matrix_column(state.structure, n)}, schema=HEAD_ITEMS_SCHEMA), folder / f"{ITEMS_FILE}.parquet")
+    h = state.history
+    pq.write_table(pa.table({"user_id": pa.array(list(h.user_ids[h.user]), pa.string()),
+                             "entity_id": pa.array(list(state.item_ids[h.item]), pa.string()),
+                             "ts": pa.array(h.ts, pa.timestamp("us", tz="UTC")), "deep": pa.array(h.deep, pa.bool_())},
+                            schema=HEAD_HISTORY_SCHEMA),
+                   folder / f"{HISTORY_FILE}.parquet")
+    (folder / HEAD_FILE).write_text(json.dumps(state.summary(), indent=1) + "\n")
+
+
+def _matrix(col: pa.ChunkedArray) -> np.ndarray:
+    """(N, d) float32 of a list<float32> column whose rows all have d values."""
+    flat = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float32)
+    return np.ascontiguousarray(flat.reshape(len(col), -1)) if len(col) else np.zeros((0, 0), np.float32)
+
+
+def _optional_matrix(col: pa.ChunkedArray) -> np.ndarray | None:
+    return None if col.null_count == len(col) else _matrix(col)
+
+
+def _optional_vector(col: pa.ChunkedArray) -> np.ndarray | None:
+    return None if col.null_count == len(col) else col.to_numpy().astype(np.float32)
+
+
+def read_head(folder: Path) -> HeadState:
+    """The state `write_head` wrote; FileNotFoundError naming what is missing."""
+    folder = Path(folder)
+    missing = [f for f in (f"{ITEMS_FILE}.parquet", f"{HISTORY_FILE}.parquet", HEAD_FILE) if not (folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} holds no ranking head ({', '.join(missing)} missing)")
+    meta = json.loads((folder / HEAD_FILE).read_text())
+    items = pq.read_table(folder / f"{ITEMS_FILE}.parquet")
+    hist = pq.read_table(folder / f"{HISTORY_FILE}.parquet")
+    for table, schema, name in ((items, HEAD_ITEMS_SCHEMA, ITEMS_FILE), (hist, HEAD_HISTORY_SCHEMA, HISTORY_FILE)):
+        if not table.schema.equals(schema):
+            raise ValueError(f"{folder / name}.parquet breaks the ranking head's contract (data_contracts.head): "
+                             f"{table.schema} != {schema}")
+    ids = np.asarray(items["entity_id"].to_pylist(), object)
+    vectors = _matrix(items["embedding"])
+    user_col = np.asarray(hist["user_id"].to_pylist(), object)
+    user_ids, user = np.unique(user_col, return_inverse=True)
+    item = np.searchsorted(ids, np.asarray(hist["entity_id"].to_pylist(), object))
+    history = Interactions(meta["window"], int(meta["end_us"]), user_ids.astype(object), user.astype(np.int64), item.astype(np.int64),
+                           hist["ts"].cast(pa.int64()).to_numpy(), hist["deep"].to_numpy(zero_copy_only=False).astype(bool),
+                           len(ids))
+    cal = meta.get("calibration")
+    calibration = None if cal is None else PriorCalibration(
+        cal["weight"], {float(w): r for w, r in cal["recall"].items()}, cal["users"], cal["cut_us"])
+    return HeadState(meta["window"], int(meta["end_us"]), HeadConfig.from_dict(meta["config"]), ids,
+                     np.asarray(items["entity_type"].to_pylist(), object), np.ascontiguousarray(vectors, np.float32),
+                     _optional_vector(items["log_prior"]), _optional_vector(items["cold_log_prior"]),
+                     _optional_matrix(items["structure"]), float(meta["prior_weight"]), float(meta["temp"]), history, calibration,
+                     float(meta["prior_floor"]), float(meta["cold_prior_floor"]))
+
+
+def with_config(state: HeadState, config: HeadConfig) -> HeadState:
+    """The same fitted state scored with other shares (the prior weight stays the fitted one)."""
+    return replace(state, config=config)

@@ -1,0 +1,63 @@
+"""How many candidates the served path scores: BoM + head's top-k against the head's exact top-k, and the smallest
+probe factor whose mean recall@k on calibration users reaches a target."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hir_model.rank.recommender import Recommender
+
+FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)  # probe factors tried, ascending
+
+
+@dataclass(frozen=True)
+class RecallReport:
+    recall: float  # mean |served top-k & exact top-k| / |exact top-k| over the users
+    k: int
+    queries: int
+    items: int
+    candidates_per_query: float  # items the head scored per served query
+    served_qps: float
+    exact_qps: float
+
+    @property
+    def candidate_fraction(self) -> float:
+        return self.candidates_per_query / max(self.items, 1)
+
+
+def served_recall(rec: Recommender, users: list[str], k: int = 100, probe_factor: float | None = None,
+                  exact_top: list[np.ndarray] | None = None) -> RecallReport:
+    """The served top-k (BoM candidates, head scores, seen items removed) against the head's exact top-k, per user."""
+    if not users:
+        return RecallReport(1.0, k, 0, rec.state.n_items, 0.0, 0.0, 0.0)
+    batch = rec.user_batch(users)
+    t0 = time.perf_counter()
+    if exact_top is None:
+        exact_top = [rows for rows, _ in rec.top(batch, k, exact=True)]
+    t1 = time.perf_counter()
+    served = rec.top(batch, k, probe_factor=probe_factor)
+    t2 = time.perf_counter()
+    cands = rec.candidates(batch, k, probe_factor)  # what the head scored: the engaged items are never scored
+    found = [len(np.intersect1d(e, s[0])) / len(e) for e, s in zip(exact_top, served) if len(e)]
+    return RecallReport(float(np.mean(found)) if found else 1.0, k, len(users), rec.state.n_items,
+                        float(np.mean([len(c) for c in cands])), len(users) / max(t2 - t1, 1e-9), len(users) / max(t1 - t0, 1e-9))
+
+
+def tune_probe_factor(rec: Recommender, users: list[str], k: int, target: float, max_share: float) -> tuple[float, float]:
+    """(factor, its mean recall@k on `users`): the smallest of FACTORS reaching `target` whose mean candidates stay within
+    `max_share` of the items; the largest within that share when none reaches it."""
+    if not users:
+        return rec.probe_factor, 1.0
+    exact = [rows for rows, _ in rec.top(rec.user_batch(users), k, exact=True)]
+    best = (FACTORS[0], 0.0)
+    for factor in FACTORS:
+        report = served_recall(rec, users, k, factor, exact)
+        if report.candidate_fraction > max_share and factor > FACTORS[0]:
+            break
+        best = (factor, report.recall)
+        if report.recall >= target:
+            break
+    return best
