@@ -27,6 +27,7 @@ from hir_model.nn import collate
 from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
 from hir_model.train.data import TrainData, step_batch
+from hir_model.train.loader import Prefetcher
 from hir_model.train.loss import (
     DistillationLoss,
     all_reduce_sum,
@@ -262,26 +263,27 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
     end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
     start_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
     t0 = time.perf_counter()
-    for s in range(start, end):
-        for g in opt.param_groups:
-            g["lr"] = float(lrs[s])
-        opt.zero_grad(set_to_none=True)
-        centre = torch.zeros(*student.encoder.out_mean.shape[:1], student.encoder.cfg.width + 1, device=device)
-        acc = step_loss(model, student, teacher, loss_fn, [step_batch(data, cfg, base_step + s, sh) for sh in shards], cfg, device,
-                        centre=centre)
-        total = _all_reduce_mean(float(acc[0]), device)
-        if not np.isfinite(total):
-            raise NonFiniteLoss(f"non-finite loss {total} at window step {s} (distill {acc[1]}, consistency {acc[2]}, "
-                                f"engagement {acc[3]}, swap {acc[4]}): stopping")
-        torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
-        opt.step()
-        ema_update(teacher, student, float(moms[s]))
-        recentre(student, teacher, all_reduce_sum(centre), cfg.centre_momentum, cfg.centre_users)
-        losses.append(total)
-        for k, v in zip(parts, acc[1:]):  # swap last: left out when off
-            parts[k].append(_all_reduce_mean(float(v), device))
-        if rank == 0 and out is not None and cfg.checkpoint_every and (s + 1) % cfg.checkpoint_every == 0 and s + 1 < cfg.steps:
-            _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, s + 1, base_step, False, {}))
+    # the next steps' batches are sampled on a background thread while this one trains (the same batches: seeded by step)
+    with Prefetcher(lambda s: [step_batch(data, cfg, base_step + s, sh) for sh in shards], range(start, end)) as prefetch:
+        for s, batches in zip(range(start, end), prefetch):
+            for g in opt.param_groups:
+                g["lr"] = float(lrs[s])
+            opt.zero_grad(set_to_none=True)
+            centre = torch.zeros(*student.encoder.out_mean.shape[:1], student.encoder.cfg.width + 1, device=device)
+            acc = step_loss(model, student, teacher, loss_fn, batches, cfg, device, centre=centre)
+            total = _all_reduce_mean(float(acc[0]), device)
+            if not np.isfinite(total):
+                raise NonFiniteLoss(f"non-finite loss {total} at window step {s} (distill {acc[1]}, consistency {acc[2]}, "
+                                    f"engagement {acc[3]}, swap {acc[4]}): stopping")
+            torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
+            opt.step()
+            ema_update(teacher, student, float(moms[s]))
+            recentre(student, teacher, all_reduce_sum(centre), cfg.centre_momentum, cfg.centre_users)
+            losses.append(total)
+            for k, v in zip(parts, acc[1:]):  # swap last: left out when off
+                parts[k].append(_all_reduce_mean(float(v), device))
+            if rank == 0 and out is not None and cfg.checkpoint_every and (s + 1) % cfg.checkpoint_every == 0 and s + 1 < cfg.steps:
+                _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, s + 1, base_step, False, {}))
     seconds = time.perf_counter() - t0
     final_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
     done = end >= cfg.steps
