@@ -76,7 +76,8 @@ def user_values(results: Sequence | pa.Table | pd.DataFrame) -> pd.DataFrame:
 
 
 def _windows(results) -> list[str] | None:
-    """The evaluated windows in time order (a window where the slice had no users still counts for `last`)."""
+    """The evaluated windows in time order (a window where the slice had no users still counts for `last`); None for a
+    table (its windows are those it lists)."""
     if isinstance(results, (pa.Table, pd.DataFrame)):
         return None
     return sorted(e.window for e in results if isinstance(e, WindowEvaluation))
@@ -90,8 +91,8 @@ def compare(results: Sequence | pa.Table | pd.DataFrame, reference: str, methods
     `pairs`: per window when `per_window`, then pooled over all windows and (when `last`) over the last `last` windows
     evaluated. See the module docstring."""
     frame = user_values(results)
+    windows = _windows(results) or sorted(frame.window.unique())  # every window, whether or not this slice has users
     frame = frame[(frame.users == users) & (frame["items"] == items) & (frame.target == target) & (frame.metric == metric)]
-    windows = _windows(results) or sorted(frame.window.unique())
     wide = frame.pivot_table(index=["window", "user_id"], columns="method", values="value", aggfunc="first")
     present = list(dict.fromkeys(frame.method))
     chosen = [m for m in (methods if methods is not None else present) if m != reference]

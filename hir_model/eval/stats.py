@@ -84,6 +84,13 @@ def pooled_bootstrap(pairs: Sequence[tuple[np.ndarray, np.ndarray]], n_boot: int
     return PooledCI(float(np.mean([d.mean() for d in ds])), *_bounds(draws, level), tuple(len(d) for d in ds))
 
 
+def bootstrap_mean(a, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> PairedCI:
+    """One method's mean over users and its percentile-bootstrap interval (a band around a plotted value; comparing
+    two methods needs `paired_bootstrap`, not two of these)."""
+    a = np.asarray(a, np.float64)
+    return paired_bootstrap(a, np.zeros_like(a), n_boot, seed, level)
+
+
 def verdict(low: float, high: float) -> str:
     """"lead" when the interval lies above 0, "behind" below it, "tie" when it holds 0, "n/a" without an interval."""
     if np.isnan(low) or np.isnan(high):

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from hir_model.eval.stats import paired_bootstrap, pooled_bootstrap, verdict
+from hir_model.eval.stats import bootstrap_mean, paired_bootstrap, pooled_bootstrap, verdict
 
 
 def _draws(rng, n, gap, noise=0.3):
@@ -74,3 +74,12 @@ def test_thousands_of_users_and_2000_resamples_take_well_under_a_second():
     t0 = time.perf_counter()
     paired_bootstrap(a, b, n_boot=2000)
     assert time.perf_counter() - t0 < 1.0
+
+
+def test_one_methods_band_is_wider_than_the_paired_difference():
+    rng = np.random.default_rng(5)
+    a, b = _draws(rng, 200, 0.05, noise=0.05)
+    band = bootstrap_mean(a)
+    assert band.diff == pytest.approx(a.mean()) and band.low < a.mean() < band.high and band.n_users == 200
+    paired = paired_bootstrap(a, b)
+    assert paired.high - paired.low < 0.5 * (band.high - band.low)  # the user effect cancels in the pair
