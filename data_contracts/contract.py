@@ -120,7 +120,10 @@ class Contract:
             try:
                 return col.cast(self.schema.field(name).type)
             except pa.ArrowInvalid:  # no zone offset in the strings: read them as naive, then as UTC
-                naive = col.cast(pa.timestamp("us"))
+                try:
+                    naive = col.cast(pa.timestamp("us"))
+                except pa.ArrowInvalid:
+                    return col  # not timestamps at all: the cast below names the rows
                 if notes is not None:
                     notes.append(f"column {name!r} has no time zone: taken as UTC (assume_utc)")
                 return naive.cast(pa.timestamp("us", tz="UTC"))
@@ -217,9 +220,10 @@ def _cast(table: pa.Table, col: pa.ChunkedArray, f: pa.Field, origin: str, first
         bad = _uncastable_rows(col.combine_chunks(), f.type)
         key = table.schema.names[0]
         quoted = [f"row {first_row + i} ({key}={table.column(key)[i].as_py()!r}): {col[i].as_py()!r}" for i in bad[:SAMPLE]]
+        hint = "; if they are UTC, declare assume_utc = true in contract.toml" if "zone offset" in str(exc) else ""
         raise ContractError(origin, "schema.column_type", len(bad),
                             f"column {f.name!r} is {col.type}, expected {f.type}: {len(bad)} of {len(col)} rows do not cast, "
-                            f"e.g. {'; '.join(quoted)} ({exc})") from exc
+                            f"e.g. {'; '.join(quoted)} ({exc}){hint}") from exc
 
 
 def _uncastable_rows(arr: pa.Array, type_: pa.DataType, step: int = 1024) -> list[int]:

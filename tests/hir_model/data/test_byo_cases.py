@@ -249,6 +249,19 @@ def test_naive_ts_with_assume_utc_is_published_and_warned(byo, tmp_path, caplog)
     assert f"{path}: column 'ts' has no time zone: taken as UTC (assume_utc)" in caplog.text
 
 
+def test_naive_ts_strings_follow_the_same_option(byo, tmp_path):
+    table = events_table(W0, "x")
+    text = pa.array([t.strftime("%Y-%m-%d %H:%M:%S") for t in table.column("ts").to_pylist()])
+    path = write_events(byo, table.set_column(5, "ts", text), "text.parquet")
+    with pytest.raises(ContractError, match="12 of 12 rows do not cast.*declare assume_utc = true") as err:
+        run_window(byo, tmp_path)
+    assert err.value.origin == str(path) and err.value.rule == "schema.column_type"
+    (byo / "contract.toml").write_text("[events]\nassume_utc = true\n")
+    report, events, _ = run_window(byo, tmp_path / "again")
+    assert report.accepted == 24 and str(path) in report.notes
+    assert sorted(events.column("ts").to_pylist())[1::2] == table.column("ts").to_pylist()
+
+
 def test_events_before_their_entitys_first_seen_are_published_and_counted(byo, tmp_path):
     # the fixture's p2 is first seen a day into the window; 6 of window 2024-01-07's events reach it earlier
     report, events, rejected = run_window(byo, tmp_path)
