@@ -1,0 +1,140 @@
+"""The vectorised sampler against the exact distribution and against the sampler it replaced (reference_sampler):
+weight-proportional successive sampling, the same tokens per depth and the same node frequencies, exact alias tables."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hir_model.graph import sampler as new
+from hir_model.graph.sampler import BROAD, NARROW, TABLES_PER_GRAPH, ViewConfig, _alias, visible_edges
+from tests.hir_model.graph import reference_sampler as old
+from tests.hir_model.graph.graphs import AS_OF, DAY_US, check_batch, make_graph, random_graph
+
+# every path of the new sampler: scans only, draws then more draws then a scan (scan_degree 0, one draw per slot)
+PATHS = {"scan": dict(scan_degree=10**9), "draws": dict(scan_degree=0, draws_per_slot=1), "default": {}}
+
+
+def inclusion_exact(w: np.ndarray, k: int) -> np.ndarray:
+    """P(item i is among the first k of a successive weighted sample without replacement), by enumerating sequences."""
+    p = np.zeros(len(w))
+    for seq in itertools.permutations(range(len(w)), k):
+        left, prob = w.sum(), 1.0
+        for i in seq:
+            prob *= w[i] / left
+            left -= w[i]
+        p[list(seq)] += prob
+    return p
+
+
+def hub(weights, extra_edges: int = 0):
+    """Node 0 linked to 1..n; node n+1.. give node 1 a second path (node 1 -> them) so depth 2 has choices."""
+    n = len(weights)
+    src, dst = list(np.zeros(n, int)), list(range(1, n + 1))
+    for j in range(extra_edges):
+        src.append(1), dst.append(n + 1 + j)
+    w = list(weights) + [1.0 + j for j in range(extra_edges)]
+    return make_graph(n + 1 + extra_edges, src, dst, ["click"] * len(src), w, np.full(len(src), AS_OF - DAY_US))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_inclusion_frequencies_match_successive_sampling_exactly(path, k):
+    w = np.array([0.5, 1.0, 2.0, 4.0, 8.0, 0.25])
+    graph = hub(w)
+    seeds = np.zeros(20_000, np.int64)
+    batch = new.sample(graph, seeds, AS_OF, ViewConfig("v", (k,), **PATHS[path]), np.random.default_rng(k))
+    assert np.all(batch.lengths == 1 + k)
+    freq = np.bincount(batch.node[batch.depth == 1], minlength=len(w) + 1)[1:] / len(seeds)
+    np.testing.assert_allclose(freq, inclusion_exact(w, k), atol=0.015)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_first_pick_and_the_order_within_a_parent_follow_the_weights(path):
+    w = np.array([1.0, 3.0, 6.0])
+    graph = hub(w)
+    batch = new.sample(graph, np.zeros(20_000, np.int64), AS_OF, ViewConfig("v", (2,), **PATHS[path]), np.random.default_rng(0))
+    first = batch.node[batch.offsets[:-1] + 1]  # each sequence's first child: draw order
+    np.testing.assert_allclose(np.bincount(first, minlength=4)[1:] / 20_000, w / w.sum(), atol=0.015)
+
+
+def test_the_parent_is_never_drawn_back_and_depth_two_is_weighted_among_the_rest():
+    # depth 1 is always node 1 (one neighbour); from node 1 the seed is on the path, so depth 2 picks among 2..4 by weight
+    graph = make_graph(5, [0, 1, 1, 1], [1, 2, 3, 4], ["click"] * 4, [50.0, 1.0, 2.0, 7.0], np.full(4, AS_OF - DAY_US))
+    for path in PATHS.values():
+        batch = new.sample(graph, np.zeros(20_000, np.int64), AS_OF, ViewConfig("v", (1, 1), **path), np.random.default_rng(1))
+        deep = batch.node[batch.depth == 2]
+        assert len(deep) == 20_000 and not np.any(deep == 0)
+        np.testing.assert_allclose(np.bincount(deep, minlength=5)[2:] / 20_000, [0.1, 0.2, 0.7], atol=0.015)
+
+
+def node_frequencies(sample, graph, view, seeds, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens per depth per seed, node frequency per depth) over one batch."""
+    batch = sample(graph, seeds, AS_OF, view, rng)
+    depths = len(view.fanout) + 1
+    per_depth = np.bincount(batch.depth, minlength=depths) / len(seeds)
+    freq = np.stack([np.bincount(batch.node[batch.depth == d], minlength=graph.num_nodes) for d in range(depths)]) / len(seeds)
+    return per_depth, freq
+
+
+@pytest.mark.parametrize("view", [BROAD, replace(NARROW, edge_drop=0.0), ViewConfig("tight", (2, 2), scan_degree=0, draws_per_slot=1)],
+                         ids=["broad", "narrow", "tight-draws"])
+def test_old_and_new_agree_on_tokens_per_depth_and_node_frequencies(view):
+    """The old sampler with every node scanned (its exact path: its draws kept what they found when they ran out) against
+    the new one on its own paths."""
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        graph = random_graph(rng)
+        seeds = np.repeat(np.arange(graph.num_nodes), 3000 // graph.num_nodes + 1)
+        n_old, f_old = node_frequencies(old.sample, graph, replace(view, scan_degree=10**9), seeds, np.random.default_rng(1))
+        n_new, f_new = node_frequencies(new.sample, graph, view, seeds, np.random.default_rng(2))
+        np.testing.assert_allclose(n_new, n_old, rtol=0.03, atol=0.02)
+        # each node's expected number of tokens per seed, per depth: the same within sampling noise
+        gap = np.abs(f_new - f_old) - (0.04 + 0.05 * f_old)
+        assert gap.max() <= 0, f"depth, node {np.unravel_index(gap.argmax(), gap.shape)}: {f_new.flat[gap.argmax()]} vs {f_old.flat[gap.argmax()]}"
+
+
+def test_every_sampled_edge_is_a_visible_edge_of_the_graph_on_every_path():
+    rng = np.random.default_rng(3)
+    views = [ViewConfig(f"{name}-{v.name}", v.fanout, v.max_age_days, v.edge_drop, **p)
+             for name, p in PATHS.items() for v in (NARROW, BROAD, ViewConfig("small", (3, 2, 2), 30.0, 0.3))]
+    for i in range(60):
+        graph = random_graph(rng)
+        cutoff = AS_OF - int(rng.integers(0, 60 * DAY_US)) if i % 2 else AS_OF
+        seeds = rng.integers(0, graph.num_nodes, int(rng.integers(1, 12)))
+        for view in views:
+            check_batch(graph, new.sample(graph, seeds, cutoff, view, rng), view, cutoff)
+
+
+def test_alias_tables_reproduce_each_nodes_weights_exactly():
+    rng = np.random.default_rng(4)
+    for trial in range(100):
+        deg = rng.integers(0, 12, int(rng.integers(1, 30)))
+        indptr = np.concatenate([[0], np.cumsum(deg)])
+        seg = np.repeat(np.arange(len(deg)), deg)
+        log_w = rng.normal(0, 2, len(seg))
+        if trial % 3 == 0:
+            log_w = np.round(log_w)  # ties: weights equal to the mean
+        prob, alias = _alias(indptr, seg, log_w)
+        assert np.all(seg[alias] == seg) and np.all((prob >= 0) & (prob <= 1))
+        mass = prob.copy()
+        np.add.at(mass, alias, 1 - prob)  # each slot is 1/deg of its node: what it keeps plus what it gives its alias
+        for v in np.flatnonzero(deg):
+            lo, hi = indptr[v], indptr[v + 1]
+            w = np.exp(log_w[lo:hi])
+            np.testing.assert_allclose(mass[lo:hi] / deg[v], w / w.sum(), atol=1e-12)
+
+
+def test_sampling_is_deterministic_given_the_rng_and_tables_are_kept_per_cutoff():
+    graph = random_graph(np.random.default_rng(5))
+    seeds = np.arange(graph.num_nodes)
+    a = new.sample(graph, seeds, AS_OF, BROAD, np.random.default_rng(9))
+    b = new.sample(graph, seeds, AS_OF, BROAD, np.random.default_rng(9))
+    assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("node", "edge_type", "ancestors", "edge_age", "offsets"))
+    assert visible_edges(graph, AS_OF, None) is visible_edges(graph, AS_OF, None)
+    for d in range(TABLES_PER_GRAPH + 2):
+        visible_edges(graph, AS_OF - d * DAY_US, 7.0)
+    assert len(new._TABLES[graph]) == TABLES_PER_GRAPH
