@@ -11,7 +11,9 @@ samples batches of user seeds from the last graph with the narrow and the broad 
 
 Prints one `key=value` line per size (`case=build`), the scaling line (`time_ratio`: the larger size's
 build time over the smaller's, target within 12x for 10x the events; `peak_mb` of the larger under
-2048), then `case=sampler` lines (subgraphs per second, per view, on the larger graph).
+2048), then `case=sampler` lines (subgraphs per second, per view, on the larger graph), the vectorised sampler beside the
+one it replaced (tests/hir_model/graph/reference_sampler.py), interleaved batch by batch on the same seeds: `ratio` is
+new over old subgraphs/s, target 10.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def build(workdir: Path) -> dict:
     from hir_model.graph.storage import load_graph, write_graph
     from hir_model.graph.window import EVENT_BATCH_ROWS, to_us
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the old sampler is a test reference
+    from tests.hir_model.graph import reference_sampler as reference
+
     keys = sorted(p.name for p in (workdir / "events").iterdir())
     spec = WindowSpec.covering("weekly", utc(_date(keys[0])), utc(_date(keys[-1])))
     graph, events, seconds = None, 0, 0.0
@@ -82,13 +87,22 @@ def build(workdir: Path) -> dict:
     rng = np.random.default_rng(0)
     users = np.flatnonzero(np.asarray(graph.nodes.node_type) == 0)
     for view in (NARROW, BROAD):
-        sample(graph, rng.choice(users, SEEDS), graph.as_of_us, view, rng)  # warm-up: builds the per-graph draw index
-        t0, tokens = time.perf_counter(), 0
-        for _ in range(BATCHES):
-            tokens += len(sample(graph, rng.choice(users, SEEDS), graph.as_of_us, view, rng).node)
-        s = time.perf_counter() - t0
-        out[view.name] = {"fanout": "x".join(map(str, view.fanout)), "seeds": SEEDS, "subgraphs_per_s": round(SEEDS * BATCHES / s),
-                          "tokens_per_s": round(tokens / s), "mean_tokens": round(tokens / (SEEDS * BATCHES), 1)}
+        old_view = replace(view, scan_degree=64, draws_per_slot=4)  # the old sampler with its own defaults
+        impls = {"new": lambda g, s, c, r: sample(g, s, c, view, r), "old": lambda g, s, c, r: reference.sample(g, s, c, old_view, r)}
+        for fn in impls.values():  # warm-up: builds each one's per-graph index (alias tables / cumulative weights)
+            fn(graph, rng.choice(users, SEEDS), graph.as_of_us, rng)
+        seconds, tokens = dict.fromkeys(impls, 0.0), dict.fromkeys(impls, 0)
+        for _ in range(BATCHES):  # interleaved on the same seeds, so both see the same machine load
+            seeds = rng.choice(users, SEEDS)
+            for name, fn in impls.items():
+                t0 = time.perf_counter()
+                tokens[name] += len(fn(graph, seeds, graph.as_of_us, rng).node)
+                seconds[name] += time.perf_counter() - t0
+        rate = {name: SEEDS * BATCHES / seconds[name] for name in impls}
+        out[view.name] = {"fanout": "x".join(map(str, view.fanout)), "seeds": SEEDS, "subgraphs_per_s": round(rate["new"]),
+                          "tokens_per_s": round(tokens["new"] / seconds["new"]), "mean_tokens": round(tokens["new"] / (SEEDS * BATCHES), 1),
+                          "old_subgraphs_per_s": round(rate["old"]), "old_mean_tokens": round(tokens["old"] / (SEEDS * BATCHES), 1),
+                          "ratio": round(rate["new"] / rate["old"], 1), "target_ratio": 10, "ok": rate["new"] >= 10 * rate["old"]}
     return out
 
 
