@@ -71,11 +71,11 @@ def storage(config: HIRConfig) -> PartitionStorage:
 
 
 def notifier() -> Notifier:
-    """The Slack-compatible webhook when HIR_ALERT_WEBHOOK_URL is set, else the local alert log."""
+    """The Slack-compatible webhook when HIR_ALERT_WEBHOOK_URL is set (it also keeps the alert log), else the log alone."""
+    log = str(Path(os.environ.get("DAGSTER_HOME") or PROJECT_ROOT / ".hir") / "alerts.jsonl")
     if os.environ.get("HIR_ALERT_WEBHOOK_URL"):
-        return WebhookNotifier(url=dg.EnvVar("HIR_ALERT_WEBHOOK_URL"))
-    home = Path(os.environ.get("DAGSTER_HOME") or PROJECT_ROOT / ".hir")
-    return AlertLogNotifier(path=str(home / "alerts.jsonl"))
+        return WebhookNotifier(url=dg.EnvVar("HIR_ALERT_WEBHOOK_URL"), log_path=log)
+    return AlertLogNotifier(path=log)
 
 
 defs = build_definitions(load_config())

@@ -1,4 +1,5 @@
-"""Where alerts go: a local alert log (the default) or a Slack-compatible webhook. Chosen by type hint."""
+"""Where alerts go: a local alert log (the default), or a Slack-compatible webhook that also keeps that log of what it
+delivered. Chosen by type hint."""
 
 from __future__ import annotations
 
@@ -46,9 +47,13 @@ class AlertLogNotifier(Notifier):
     path: str
 
     def send(self, alert: Alert) -> None:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(asdict(alert), sort_keys=True) + "\n")
+        append_line(self.path, alert)
+
+
+def append_line(path: str, alert: Alert) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(asdict(alert), sort_keys=True) + "\n")
 
 
 class WebhookNotifier(Notifier):
@@ -57,6 +62,7 @@ class WebhookNotifier(Notifier):
     url: str  # set with dg.EnvVar("HIR_ALERT_WEBHOOK_URL"): never a literal
     timeout_s: float = 10.0
     attempts: int = 3
+    log_path: str = ""  # also append each delivered alert here (the local record of what went out); "": no log
 
     def send(self, alert: Alert) -> None:
         body = json.dumps({"text": alert.text(), "hir_alert": asdict(alert)}).encode()
@@ -65,6 +71,8 @@ class WebhookNotifier(Notifier):
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     if response.status < 300:
+                        if self.log_path:
+                            append_line(self.log_path, alert)
                         return
             except (urllib.error.URLError, TimeoutError) as exc:
                 if attempt == self.attempts:

@@ -69,7 +69,8 @@ def build_graph_assets(partitions: dg.TimeWindowPartitionsDefinition) -> list[dg
         prev_key = prev_window.start.strftime(partitions.fmt) if prev_window else None
         if prev_key is not None and not has_graph(store, prev_key):
             raise dg.Failure(f"{GRAPH_ASSET} for {window.key} needs graph(t-1): materialise {GRAPH_ASSET} for {prev_key} first "
-                             f"(windows build in order, from the first one {partitions.get_first_partition_key()})")
+                             f"(windows build in order, from the first one {partitions.get_first_partition_key()})",
+                             allow_retries=False)  # a missing predecessor does not come back on a retry
         with store.writing() as staging:
             built = build_window_graph(store, window, prev_key, staging)
             audit = audit_graph(built.graph, to_us(window.end), built.previous.nodes if built.previous is not None else None)
