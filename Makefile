@@ -22,9 +22,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-$(DAGSTER_HOME)/dagster.yaml:
+$(DAGSTER_HOME)/dagster.yaml:  ## the local instance (deploy/dagster.local.yaml: SQLite, a `gpu` pool of 1, run retries); kept once written
 	@mkdir -p $(DAGSTER_HOME)
-	@printf 'telemetry:\n  enabled: false\n' > $@
+	cp deploy/dagster.local.yaml $@
 
 data: $(VENV)/.installed  ## fetch (MovieLens) or generate (synthetic) the configured source's data
 	$(VENV)/bin/hir prepare
@@ -39,7 +39,9 @@ test: $(VENV)/.installed  ## the whole suite (CI runs this)
 test-fast: $(VENV)/.installed  ## everything but the slow end-to-end tests
 	$(PY) -m pytest -q -m "not slow"
 
-ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml  ## the Dagster UI on the demo's instance, on 127.0.0.1 only
+# The UI needs the source's data (its partitions are the data's windows): `data` fetches or generates it first.
+ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml data  ## the Dagster UI on the demo's instance, on 127.0.0.1 only
+	@echo "hir ui: http://127.0.0.1:3000  instance $(DAGSTER_HOME)  alerts $(DAGSTER_HOME)/alerts.jsonl"
 	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 bench: $(VENV)/.installed

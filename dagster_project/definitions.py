@@ -28,9 +28,12 @@ from hir_assets.adapter import adapter_job, build_adapter_assets
 from hir_assets.evaluation import build_evaluation_assets, build_evaluation_job
 from hir_assets.hierarchy import build_hierarchy_assets
 from hir_assets.index import build_index_assets
+from hir_assets.report import build_report_assets, report_job, report_settings
 from hir_assets.training import build_training_assets
 from hir_model.config import PROJECT_ROOT, HIRConfig, load_config
 
+OWNER = "team:hir"  # who an alert or a stale asset is for (the catalogue's Owner column)
+GPU_ASSETS = ("hir_encoder", "objective_adapter")  # training steps: the `gpu` pool, one at a time on the local instance
 
 
 def build_definitions(config: HIRConfig) -> dg.Definitions:
@@ -42,12 +45,14 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
     partitions = window_partitions(spec)
     assets = (build_ingest_assets(partitions) + build_enrichment_assets(partitions) + build_graph_assets(partitions)
               + build_training_assets(partitions, dict(config.train)) + build_hierarchy_assets(partitions)
-              + build_index_assets(partitions) + build_evaluation_assets(partitions) + build_adapter_assets(partitions))
+              + build_index_assets(partitions) + build_evaluation_assets(partitions) + build_adapter_assets(partitions)
+              + build_report_assets(partitions, report_settings(config)))
+    assets = dg.map_asset_specs(lambda spec: owned(spec, config.source), assets)
     asset_keys = {key.to_user_string() for a in assets for key in a.keys}
     window_job = build_window_job(partitions)
     return dg.Definitions(
         assets=assets,
-        jobs=[window_job, build_evaluation_job(partitions), adapter_job()],
+        jobs=[window_job, build_evaluation_job(partitions), adapter_job(), report_job()],
         schedules=[build_window_schedule(window_job)],
         sensors=[build_alert_sensor(asset_keys)],
         resources={
@@ -58,6 +63,14 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
             "pipes_subprocess_client": dg.PipesSubprocessClient(),
         },
     )
+
+
+def owned(spec: dg.AssetSpec, source: str) -> dg.AssetSpec:
+    """Every asset: an owner to page and tags to filter the catalogue by (stage, source, compute)."""
+    tags = {"hir/stage": spec.group_name or "default", "hir/source": source}
+    if spec.key.to_user_string() in GPU_ASSETS:
+        tags["hir/compute"] = "gpu"
+    return spec.replace_attributes(owners=list(dict.fromkeys([*spec.owners, OWNER])), tags={**spec.tags, **tags})
 
 
 def storage(config: HIRConfig) -> PartitionStorage:

@@ -19,8 +19,8 @@ from dagster_project.definitions import defs
 from dagster_project.schedules import WINDOW_JOB
 from hir_assets.adapter import ADAPTER_JOB
 from hir_assets.evaluation import EVALUATION_JOB
-from hir_model.config import PROJECT_ROOT
-from hir_model.eval.report import report_windows
+from hir_assets.report import REPORT_ASSET, REPORT_JOB
+from hir_model.eval.report import print_last_window
 from hir_model.train.adapter import OBJECTIVES
 from data_contracts import CONVERSION_EVENT
 from hir_model.config import load_config
@@ -28,8 +28,6 @@ from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EV
 from hir_model.data.windows import KEY_FORMAT, utc
 from hir_model.storage import PartitionStore
 
-
-REPORT_PATH = PROJECT_ROOT / ".hir" / "reports" / "evaluation.html"
 
 
 def summary_rows(store: PartitionStore, keys: list[str]) -> list[tuple[str, int, int, int, int]]:
@@ -45,6 +43,23 @@ def summary_rows(store: PartitionStore, keys: list[str]) -> list[tuple[str, int,
     return rows
 
 
+def close_interrupted_runs(instance: dg.DagsterInstance) -> list[str]:
+    """Earlier demo runs still marked started (a demo killed mid-run) are marked failed, and their `gpu` pool slots
+    freed: a leaked slot would hold every later training step."""
+    runs = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING],
+                                           tags={"hir/demo": "true"}))
+    for r in runs:
+        instance.report_run_failed(r, "interrupted: the demo that ran it was stopped")
+        instance.event_log_storage.free_concurrency_slots_for_run(r.run_id)
+    return [r.run_id for r in runs]
+
+
+def report_of(instance: dg.DagsterInstance) -> str:
+    """The path the latest evaluation_report materialisation names."""
+    event = instance.get_latest_materialization_event(dg.AssetKey(REPORT_ASSET))
+    return event.asset_materialization.metadata["report"].value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--partitions", help="comma-separated window keys (default: all)")
@@ -57,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.partitions:
         keys = [k for k in args.partitions.split(",") if k]
     instance = dg.DagsterInstance.get()
+    for run_id in close_interrupted_runs(instance):
+        print(f"marked run {run_id} failed: an earlier demo was stopped while it ran", flush=True)
     print(f"hir demo: source={config.source} window={config.window} windows={len(keys)} "
           f"storage={config.storage_uri} DAGSTER_HOME={os.environ.get('DAGSTER_HOME')}", flush=True)
     t0 = time.time()
@@ -89,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     for key, n, conv, new, size in summary_rows(store, keys):
         print(f"{key:<12}{n:>10,}{conv:>13,}{new:>14,}{size:>10,}")
     if not args.skip_evaluation and len(keys) > 1:
-        report_windows(store, keys, REPORT_PATH)
+        if not run(defs.resolve_job_def(REPORT_JOB), None, "the evaluation report"):
+            return 1
+        report = report_of(instance)
+        print_last_window(store, keys, out=sys.stdout)
+        print(f"\nEvaluation report ({config.source}): {report}")
     print(f"\nDone in {time.time() - t0:.0f}s. Open the UI on this result with `make ui` (http://127.0.0.1:3000).")
     return 0
 

@@ -7,9 +7,10 @@ import dagster as dg
 WINDOW_JOB = "hir_window"
 
 
-# Not in the window job: window_evaluation (window t is judged on t+1's events, which arrive with the next run)
-# and objective_adapter (partitioned by window x objective); each has a job of its own.
-SEPARATE_ASSETS = ("window_evaluation", "objective_adapter")
+# Not in the window job: window_evaluation (window t is judged on t+1's events, which arrive with the next run),
+# objective_adapter (partitioned by window x objective) and evaluation_report (one page over all windows, not
+# partitioned); each has a job of its own.
+SEPARATE_ASSETS = ("window_evaluation", "objective_adapter", "evaluation_report")
 
 
 def build_window_job(partitions: dg.PartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:

@@ -45,7 +45,7 @@ def _window(partitions: dg.TimeWindowPartitionsDefinition, key: str | None) -> W
 
 def build_adapter_assets(window_partitions: dg.TimeWindowPartitionsDefinition) -> list[dg.AssetsDefinition]:
     @dg.asset(name=ADAPTER_ASSET, partitions_def=adapter_partitions(window_partitions), group_name=GROUP, kinds={"pytorch"}, backfill_policy=dg.BackfillPolicy.multi_run(1),
-              deps=[dg.AssetDep(EMBEDDINGS_ASSET, partition_mapping=SAME_WINDOW), dg.AssetDep(EVENTS_ASSET, partition_mapping=SAME_WINDOW)],
+              pool="gpu", deps=[dg.AssetDep(EMBEDDINGS_ASSET, partition_mapping=SAME_WINDOW), dg.AssetDep(EVENTS_ASSET, partition_mapping=SAME_WINDOW)],
               check_specs=[dg.AssetCheckSpec(LOSS_DECREASED_CHECK, asset=ADAPTER_ASSET, blocking=False,
                                              description="the adapter's loss is finite and its last steps average below its first")])
     def objective_adapter(context: dg.AssetExecutionContext, config: ObjectiveAdapterRun,

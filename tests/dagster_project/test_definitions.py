@@ -68,3 +68,27 @@ def test_schedule_targets_the_window_that_just_closed(byo, tmp_path):
     context = dg.build_schedule_context(scheduled_execution_time=datetime(2024, 1, 21, tzinfo=timezone.utc))
     requests = list(schedule.evaluate_tick(context).run_requests)
     assert [r.partition_key for r in requests] == ["2024-01-14"]  # the window [01-14, 01-21) closed at the tick
+
+
+def test_the_local_instance_runs_one_training_step_at_a_time_and_retries_dead_runs(byo, tmp_path):
+    import shutil
+
+    from dagster_project.definitions import GPU_ASSETS, OWNER, build_definitions
+    from hir_model.config import HIRConfig
+
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.local.yaml", home / "dagster.yaml")  # what the Makefile installs
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
+        assert (instance.run_retries_enabled, instance.run_retries_max_retries) == (True, 1)
+        assert not instance.run_retries_retry_on_asset_or_op_failure  # step failures are the step retry policy's
+    defs = build_definitions(HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(tmp_path / "s")))
+    graph = defs.resolve_asset_graph()
+    pools = {k.to_user_string(): graph.get(k).pools for k in graph.get_all_asset_keys()}
+    assert {a for a, p in pools.items() if p == {"gpu"}} == set(GPU_ASSETS)
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        assert OWNER in node.owners and node.tags["hir/source"] == "parquet" and node.tags["hir/stage"] == node.group_name
+    retry = defs.resolve_job_def("hir_window").op_retry_policy
+    assert retry is not None and retry.max_retries == 2

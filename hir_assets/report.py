@@ -1,0 +1,51 @@
+"""The evaluation report: one HTML page per source over every evaluated window, kept under that source's storage."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import dagster as dg
+
+from dagster_project.resources import PartitionStorage, SourceResource
+from hir_model.config import PROJECT_ROOT, HIRConfig
+from hir_model.eval.publish import EVALUATION_ASSET
+from hir_model.eval.report import git_commit, report_path, write_source_report
+
+GROUP = "evaluation"
+REPORT_ASSET = "evaluation_report"
+REPORT_JOB = "evaluation_report_job"
+
+
+def report_settings(config: HIRConfig) -> dict[str, str]:
+    """What a reader needs to know about the run a report shows, beside its source and windows."""
+    settings = {"window length": config.window, "storage": config.storage_uri}
+    if config.source == "parquet":
+        settings["data"] = config.parquet_path
+    if config.source == "synthetic" and config.synthetic:
+        settings["synthetic"] = json.dumps(dict(config.synthetic), default=str, sort_keys=True)
+    if config.train:
+        settings["training (hir.toml)"] = json.dumps(dict(config.train), default=str, sort_keys=True)
+    return settings
+
+
+def build_report_assets(partitions: dg.PartitionsDefinition, settings: Mapping[str, Any]) -> list[dg.AssetsDefinition]:
+    @dg.asset(name=REPORT_ASSET, group_name=GROUP, kinds={"html"}, deps=[EVALUATION_ASSET])
+    def evaluation_report(storage: PartitionStorage, source: SourceResource) -> dg.MaterializeResult:
+        """One self-contained HTML page per source: every evaluated window's metrics, per-window plots, its commit and settings."""
+        store = storage.store()
+        keys = partitions.get_partition_keys()
+        report = write_source_report(store, keys, report_path(store.root), source.source, dict(settings), git_commit(PROJECT_ROOT))
+        return dg.MaterializeResult(metadata={
+            "report": dg.MetadataValue.path(str(report.path)), "title": report.title, "source": source.source,
+            "evaluated_windows": dg.MetadataValue.int(report.evaluated), "windows": dg.MetadataValue.int(len(keys)),
+            "first_window": report.first or "none", "last_window": report.last or "none",
+            "commit": report.header["commit"]})
+
+    return [evaluation_report]
+
+
+def report_job() -> dg.UnresolvedAssetJobDefinition:
+    return dg.define_asset_job(REPORT_JOB, selection=[REPORT_ASSET],
+                               description="Write the source's evaluation report over every evaluated window.")
