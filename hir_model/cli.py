@@ -80,7 +80,8 @@ def _retrieve(args: argparse.Namespace) -> int:
                   f"{', '.join(skipped[:5])}", file=sys.stderr)
         how = ("the ranking head over every item" if args.exact else "BoM candidates reranked by the ranking head") + \
               ("" if args.include_seen else ", engaged items left out")
-        who = f"user {args.user}" if args.user and rec.knows(args.user) else f"a context of {len(context or [])} events"
+        who = f"user {args.user}" if args.user and rec.knows(args.user) else \
+            f"a context of {len(context or []) - len(skipped)} events"
         label = f"for {who} [{index.describe(query)}]" if args.user and rec.knows(args.user) else f"for {who}"
     took = time.perf_counter() - loaded
     print(f"{label} in {args.window}: top {len(hits)} by {how}; loaded in {loaded - start:.2f}s, answered in "

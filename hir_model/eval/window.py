@@ -99,7 +99,10 @@ def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int
     opened += [("engagement_graph", key)] if artefacts.graph is not None else []
     opened += [(CONTENT_ASSET, key)] if artefacts.content is not None else []
     retriever = None
-    status = {"evaluated": True, "model_version": artefacts.model.version, "head": state.summary()}
+    status = {"evaluated": True, "model_version": artefacts.model.version, "head": state.summary(),
+              "prior_scale": state.prior_weight * state.temp if state.log_prior is not None else 0.0,
+              "prior_weight": state.prior_weight,
+              "prior_calibration": None if state.calibration is None else state.calibration.as_dict()}
     if "hir" in wanted and store.exists(BOM_ASSET, key):
         retriever = load_retriever(store, key, artefacts.embeddings)
         status["probe_factor"] = load_probe_factor(store, key)

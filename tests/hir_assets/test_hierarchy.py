@@ -1,5 +1,5 @@
-"""entity_embeddings, interest_hierarchy and bom_index materialised with Dagster on the bring-your-own fixture, and
-`hir retrieve` on the result.
+"""entity_embeddings, interest_hierarchy, ranking_head and bom_index materialised with Dagster on the bring-your-own
+fixture, and `hir retrieve` on the result.
 
 `hir_encoder` (training) lands separately, so these tests fabricate its partition: a randomly initialised Encoder and
 random unit prototypes written with `save_checkpoint` into `hir_encoder/<key>/checkpoint.pt`. They test the wiring, the
@@ -19,17 +19,20 @@ from dagster_project.resources import LocalPartitionStorage, SourceResource
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
 from hir_assets.hierarchy import ASSIGNED_CHECK, COLD_START_CHECK, FINITE_UNIT_CHECK, build_hierarchy_assets
-from hir_assets.index import POSTING_SHARE_CHECK, RECALL_CHECK, TOKENS_PER_LEVEL_CHECK, build_index_assets
+from hir_assets.index import (HEAD_COVERAGE_CHECK, HEAD_FINITE_CHECK, HEAD_WEIGHTS_CHECK, POSTING_SHARE_CHECK, RECALL_CHECK,
+                              TOKENS_PER_LEVEL_CHECK, build_index_assets)
 from hir_model import cli
 from hir_model.config import HIRConfig
 from hir_model.hierarchy.window import EMBEDDINGS_ASSET, HIERARCHY_ASSET, checkpoint_path
 from hir_model.nn import Encoder, EncoderConfig
+from hir_model.rank.recommender import Recommender
+from hir_model.rank.state import HEAD_ASSET
 from hir_model.retrieval.window import BOM_ASSET
 from hir_model.storage import PartitionStore
 from hir_model.train.checkpoint import save_checkpoint
 
 KEYS = ["2024-01-07", "2024-01-14"]
-MINE = [EMBEDDINGS_ASSET, HIERARCHY_ASSET, BOM_ASSET]
+MINE = [EMBEDDINGS_ASSET, HIERARCHY_ASSET, HEAD_ASSET, BOM_ASSET]
 RUN_CONFIG = {"ops": {BOM_ASSET: {"config": {"max_posting_share": 1.0}}}}  # 4 items: a 5% cap would keep 1 per token
 
 
@@ -77,7 +80,7 @@ def test_assets_materialise_and_pass_checks(materialised):
         assert r.success
         evals = {e.check_name: e for e in r.get_asset_check_evaluations() if e.asset_key.to_user_string() in MINE}
         assert set(evals) == {FINITE_UNIT_CHECK, COLD_START_CHECK, ASSIGNED_CHECK, TOKENS_PER_LEVEL_CHECK, POSTING_SHARE_CHECK,
-                              RECALL_CHECK}
+                              RECALL_CHECK, HEAD_FINITE_CHECK, HEAD_COVERAGE_CHECK, HEAD_WEIGHTS_CHECK}
         assert all(e.passed for e in evals.values()), {k: e.description for k, e in evals.items() if not e.passed}
     first, second = (metadata(r, EMBEDDINGS_ASSET) for r in results)
     assert first["by_type"] == {"advertiser": 1, "campaign": 1, "product": 2, "user": 2}
@@ -94,13 +97,33 @@ def test_assets_materialise_and_pass_checks(materialised):
                                                                    "items.faiss", "codebook.parquet", "probe.json"}
 
 
-def test_cli_retrieve_prints_items_tokens_and_labels(materialised, monkeypatch, capsys):
-    config, _, _ = materialised
+def test_cli_retrieve_prints_items_tokens_and_labels(materialised, monkeypatch, capsys, tmp_path):
+    config, store, _ = materialised
     monkeypatch.setenv("HIR_STORAGE_URI", config.storage_uri)
+    rec = Recommender.load(store, KEYS[1])
+    engaged = set(rec.state.item_ids[rec.state.history.item[rec.state.history.user == rec.user_index["u1"]]])
+    assert engaged and len(engaged) < rec.state.n_items
     assert cli.main(["retrieve", "--window", KEYS[1], "--user", "u1", "--k", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("for u1 [L0:") and "BoM" in out[0]
-    assert len(out) == 4 and all(" L0:" in line and " L1:" in line for line in out[1:])
+    assert out[0].startswith("for user u1 [L0:") and "BoM" in out[0] and "engaged items left out" in out[0]
+    listed = [line.split()[3] for line in out[1:]]
+    assert len(out) == 1 + rec.state.n_items - len(engaged) and not engaged & set(listed)  # never an engaged item
+    assert listed == [h.entity_id for h in rec.recommend("u1", k=3)]  # the CLI is the Python API
+    assert all(" L0:" in line and " L1:" in line for line in out[1:])
+    assert cli.main(["retrieve", "--window", KEYS[1], "--user", "u1", "--k", "3", "--include-seen"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 + rec.state.n_items and engaged <= {line.split()[3] for line in out[1:]}
+    assert cli.main(["retrieve", "--window", KEYS[1], "--user", "stranger"]) == 2
+    assert "has no history in window " + KEYS[1] in capsys.readouterr().err
+    item = sorted(engaged)[0]
+    assert cli.main(["retrieve", "--window", KEYS[1], "--user", "stranger", "--context", f"{item}:purchase,nope"]) == 0
+    captured = capsys.readouterr()
+    assert "a context of 1 events" in captured.out and "nope" in captured.err and item not in captured.out.split()
+    (tmp_path / "ctx.csv").write_text(f"entity_id,event_type\n{item},purchase\n")
+    assert cli.main(["retrieve", "--window", KEYS[1], "--user", "stranger", "--context-file", str(tmp_path / "ctx.csv")]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == captured.out.splitlines()[1:]  # the same context, the same answer
+    assert cli.main(["retrieve", "--window", KEYS[1], "--context", f"{item}:bought"]) == 2
+    assert "event_type 'bought'" in capsys.readouterr().err
     assert cli.main(["retrieve", "--window", KEYS[1], "--entity", "p1", "--k", "2", "--exact"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "exact faiss" in out[0] and all("p1 " not in line for line in out[1:])

@@ -14,6 +14,9 @@ from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
 from hir_model.graph.window import build_window_graph, to_us
 from hir_model.hierarchy.window import EMBEDDINGS_ASSET, checkpoint_path, embed_window
 from hir_model.nn import Encoder, EncoderConfig
+from hir_model.rank.head import HeadConfig
+from hir_model.rank.state import HEAD_ASSET, write_head
+from hir_model.rank.window import build_head_state
 from hir_model.storage import PartitionStore
 from hir_model.train.checkpoint import save_checkpoint
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
@@ -34,10 +37,18 @@ def fake_checkpoint(store: PartitionStore, key: str, seed: int = 0, structure_di
     save_checkpoint(path, enc, protos, step=0, window=key, extra=extra)
 
 
+def publish_head(store: PartitionStore, key: str, config: HeadConfig = HeadConfig()) -> None:
+    """ranking_head of `key` with `config`, as the asset writes it."""
+    state = build_head_state(store, SPEC, key, config)
+    with store.writing() as staging:
+        write_head(staging.path(HEAD_ASSET, key), state)
+
+
 def hir_store(root: Path, plant_future: bool = False, corrupt_w2: bool = False, windows: int = 2,
               structure_dim: int = 0, temp: float | None = None) -> PartitionStore:
     """tiny_store (with its options) plus engagement_graph, hir_encoder (reading structural encodings of `structure_dim`,
-    its training config recording engagement temperature `temp` when given) and entity_embeddings of the first `windows`."""
+    its training config recording engagement temperature `temp` when given), entity_embeddings and ranking_head (the
+    default HeadConfig) of the first `windows`."""
     store = tiny_store(root, plant_future=plant_future, corrupt_w2=corrupt_w2)
     previous = None
     for window in SPEC.windows()[:windows]:
@@ -47,8 +58,9 @@ def hir_store(root: Path, plant_future: bool = False, corrupt_w2: bool = False, 
         build = embed_window(store, window.key, to_us(window.end), EmbedConfig(batch_size=8))
         with store.writing() as staging:
             staging.write_table(EMBEDDINGS_ASSET, window.key, EMBEDDINGS_FILE, embeddings_table(build.embeddings))
+        publish_head(store, window.key)
         previous = window.key
     return store
 
 
-__all__ = ["KEYS", "SPEC", "hir_store"]
+__all__ = ["KEYS", "SPEC", "hir_store", "publish_head"]

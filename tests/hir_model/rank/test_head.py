@@ -1,4 +1,4 @@
-"""HIR's ranking head (hir_model.eval.readout): the recent-items readout by hand, the held-out split of window t's last
+"""HIR's ranking head (hir_model.rank.head, .fit): the recent-items readout by hand, the held-out split of window t's last
 days, and the prior weight it fits (large where the held-out events follow popularity, 0 where they follow the space)."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ import numpy as np
 
 from hir_model.eval.metrics import Ragged
 from hir_model.eval.method import US_PER_DAY as DAY_US
-from hir_model.eval.readout import (WEIGHTS, fit_prior_weight, held_out_split, interest_kernel, new_user_engagement,
-                                    recent_items)
+from hir_model.rank.fit import WEIGHTS, fit_prior_weight, held_out_split, new_user_engagement
 from hir_model.eval.split import Interactions, Queries
+from hir_model.rank.head import HeadConfig, interest_kernel, recent_items
 
 END = 100 * DAY_US
+MEAN = HeadConfig(kernel_weight=0.0)  # calibration on the recent-items mean alone (7 days held out, 2-day half-life)
 
 
 def _train(events: list[tuple[int, int, float, bool]], n_items: int) -> Interactions:
@@ -86,20 +87,20 @@ def _popularity_world(targets_follow: str, n_users: int = 40):
 
 def test_the_fitted_prior_weight_follows_what_the_held_out_days_reward():
     train, vectors, log_prior_at, calls = _popularity_world("popularity")
-    fitted = fit_prior_weight(train, vectors, log_prior_at, calibrate_days=7.0, half_life_days=2.0, deep_weight=2.0, k=1)
+    fitted = fit_prior_weight(train, vectors, log_prior_at, MEAN, k=1)
     assert calls == [END - 7 * DAY_US] and fitted.cut_us == END - 7 * DAY_US and fitted.users == 40
     assert set(fitted.recall) == set(WEIGHTS) and fitted.recall[0.0] == 0.0
     assert fitted.weight == 1.0 and fitted.recall[1.0] == 1.0 == max(fitted.recall.values())  # a tie keeps the unit weight
-    space = fit_prior_weight(*_popularity_world("space")[:3], 7.0, 2.0, 2.0, k=1)
+    space = fit_prior_weight(*_popularity_world("space")[:3], MEAN, k=1)
     assert space.weight == 0.0 and space.recall[0.0] == 1.0 and space.recall[1.0] == 0.0
     assert space.as_dict()["weight"] == 0.0 and space.as_dict()["recall"]["0.0"] == 1.0
 
 
 def test_too_few_held_out_users_fit_nothing():
     train, vectors, log_prior_at, _ = _popularity_world("space", n_users=10)
-    assert fit_prior_weight(train, vectors, log_prior_at, 7.0, 2.0, 2.0) is None
-    assert fit_prior_weight(train, vectors, log_prior_at, 7.0, 2.0, 2.0, min_users=10) is not None
-    assert fit_prior_weight(train, vectors, lambda cut: None, 7.0, 2.0, 2.0, min_users=10) is None  # nothing engaged by the cut
+    assert fit_prior_weight(train, vectors, log_prior_at, MEAN) is None
+    assert fit_prior_weight(train, vectors, log_prior_at, MEAN, min_users=10) is not None
+    assert fit_prior_weight(train, vectors, lambda cut: None, MEAN, min_users=10) is None  # nothing engaged by the cut
 
 
 def _two_interests():
@@ -146,6 +147,6 @@ def test_the_calibration_ranks_by_the_kernel_it_is_given():
     events = [e for u in range(30) for e in ((u, 0, 90.0, False), (u, 1, 91.0, False), (u, 2, 96.0, True))]
     train = _train(events, 4)
     flat = lambda cut: np.zeros(4)  # noqa: E731  (a prior that ranks nothing)
-    mean = fit_prior_weight(train, vectors, flat, 7.0, 2.0, 2.0, k=1)
-    kernel = fit_prior_weight(train, vectors, flat, 7.0, 2.0, 2.0, k=1, kernel_weight=1.0, kernel_temp=0.1)
+    mean = fit_prior_weight(train, vectors, flat, MEAN, k=1)
+    kernel = fit_prior_weight(train, vectors, flat, HeadConfig(kernel_weight=1.0, kernel_temp=0.1), k=1)
     assert mean.users == kernel.users == 30 and mean.recall[1.0] == 0.0 and kernel.recall[1.0] == 1.0
