@@ -169,7 +169,7 @@ class ParquetSource(Source):
             if start is None or start == window.start:
                 files = [path] if path.is_file() else _files(path) if path.is_dir() else []
                 rows = sum(_rows(f) for f in files)
-                raise ContractError(str(path), "layout.window_folder", rows, f"{why}; {len(files)} files, {rows} rows not read")
+                raise ContractError(str(path), "layout.window_folder", rows, f"{why}; {rows} rows in {len(files)} file(s) not read")
         folder = self._require("events") / window.key
         if not folder.is_dir():
             return  # an empty window: ingestion publishes an empty table and a check says so
