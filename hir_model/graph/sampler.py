@@ -38,9 +38,9 @@ from hir_model.graph.csr import IS_ENGAGEMENT, Graph
 from hir_model.graph.types import SELF_EDGE, SampledBatch
 
 US = 1_000_000
+NEIGHBOUR_MASK = np.int64(2**32 - 1)  # VisibleEdges.slots: edge << 32 | neighbour
 TABLES_PER_GRAPH = 4  # visible-edge tables kept per graph (one per (cutoff, max_age) asked; training asks two)
 SECOND_ROUND = 2  # a row that comes up short draws this many times more before it is scanned
-TYPE_SHIFT = 5  # VisibleEdges.stamp: an edge type fits in 5 bits
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,11 @@ class VisibleEdges:
     edge: np.ndarray  # int32/int64 [E'], index of each visible edge in the graph
     neighbours: np.ndarray  # int64 [E'], its destination node
     log_weight: np.ndarray  # float32 [E'], log of its weight decayed to the cutoff
-    # int64 [E', 4], one cache line per draw: a draw landing on slot e keeps e with probability prob (column 1, float64
-    # bits) and takes alias (column 0, a visible edge of the same node) otherwise; columns 2, 3: their neighbours
+    # int64 [E', 3], one read per draw: a draw landing on slot e keeps e with probability prob (column 0, float64 bits)
+    # and takes its alias (a visible edge of the same node) otherwise; columns 1, 2: e and the alias as edge << 32 | neighbour
     slots: np.ndarray
-    stamp: np.ndarray  # int64 [E' + 1], last_ts << 5 | edge type of each visible edge; the last: a seed's (cutoff, self)
+    edge_type: np.ndarray  # int64 [E' + 1], type of each visible edge; the last entry: a seed's (SELF_EDGE)
+    edge_age: np.ndarray  # float32 [E' + 1], seconds from its last event to the cutoff; the last entry: a seed's (0)
     distinct: np.ndarray  # int64 [N], distinct visible neighbours per node
 
 
@@ -117,9 +118,12 @@ def _build(graph: Graph, cutoff_us: int, min_ts: int | None) -> VisibleEdges:
     first[1:] = (src[1:] != src[:-1]) | (nbr[1:] != nbr[:-1])  # CSR is sorted by (src, dst): a neighbour's edges are adjacent
     prob, alias = _alias(indptr, src, log_w)
     nbr = nbr.astype(np.int64)
-    slots = np.stack([alias, prob.view(np.int64), nbr, nbr[alias]], axis=1)
-    stamp = np.append(ts[edge] << TYPE_SHIFT | etype[edge], cutoff_us << TYPE_SHIFT | SELF_EDGE)
-    return VisibleEdges(indptr, edge.astype(idx), nbr, log_w.astype(np.float32), slots, stamp, np.bincount(src[first], minlength=n))
+    if len(edge) >= 2**31 or n >= 2**32:
+        raise ValueError(f"sampler: {len(edge)} visible edges / {n} nodes do not fit its packed draw table (2**31 / 2**32)")
+    own = np.arange(len(edge), dtype=np.int64) << 32 | nbr
+    slots = np.stack([prob.view(np.int64), own, own[alias]], axis=1)
+    return VisibleEdges(indptr, edge.astype(idx), nbr, log_w.astype(np.float32), slots, np.append(etype[edge], SELF_EDGE),
+                        np.append((cutoff_us - ts[edge]) / US, 0.0).astype(np.float32), np.bincount(src[first], minlength=n))
 
 
 def _alias(indptr: np.ndarray, seg: np.ndarray, log_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -213,37 +217,39 @@ class _Call:
         """bool, edge's shape: visible edges (table indices) not dropped by this call's edge_drop."""
         return _uniform_hash(edge, self.nonce) >= self.view.edge_drop
 
-    def draw(self, node: np.ndarray, path: list[np.ndarray], have: np.ndarray, found: np.ndarray, m: int) -> np.ndarray:
-        """m alias draws per row, continuing its i.i.d. sequence: the distinct valid neighbours not yet in `have` (R, k; -1
-        empty; `found` filled) are appended to it in draw order (visible edge indices, up to k). Returns the new found [R]."""
-        t, (r, k) = self.table, have.shape
+    def draw(self, node: np.ndarray, path: list[np.ndarray], out: np.ndarray, rows: np.ndarray, found: np.ndarray,
+             m: int) -> np.ndarray:
+        """m alias draws for each of `rows` (its node, its path), continuing its i.i.d. sequence: the distinct valid
+        neighbours not yet in out[row] (F, k) visible edges; -1 empty; `found` filled) are appended there in draw order, up
+        to k. Returns the new found [R]."""
+        (r,), k, t = rows.shape, out.shape[1], self.table
         start = t.indptr[node]
-        x = self.rng.random((r, m))  # (R, m)
-        x *= (t.indptr[node + 1] - start).astype(np.float64)[:, None]
-        edge = x.astype(np.int64)  # the slot: floor(u * deg) < deg for float64 u < 1
-        x -= edge  # the alias coin, uniform in [0, 1)
-        edge += start[:, None]
-        row = np.take(t.slots, edge, axis=0)  # (R, m, 4); np.take: several times faster than [] on rows
-        own = x < row[..., 1].view(np.float64)
-        edge = np.where(own, edge, row[..., 0])  # (R, m) i.i.d. weighted draws
-        nbr = np.where(own, row[..., 2], row[..., 3])
-        ok = nbr != path[0][:, None]
+        x = self.rng.random((m, r))  # (m, R): draw j of every row is contiguous
+        x *= (t.indptr[node + 1] - start).astype(np.float64)
+        slot = x.astype(np.int64)  # floor(u * deg) < deg for float64 u < 1
+        x -= slot  # the alias coin, uniform in [0, 1)
+        slot += start
+        row = np.take(t.slots, slot, axis=0)  # (m, R, 3); np.take: several times faster than [] on rows
+        packed = np.where(x < row[..., 0].view(np.float64), row[..., 1], row[..., 2])  # (m, R) i.i.d. weighted draws
+        nbr = packed & NEIGHBOUR_MASK
+        ok = nbr != path[0]
         for col in path[1:]:
-            ok &= nbr != col[:, None]
+            ok &= nbr != col
         if found.any():
-            seen = np.where(have >= 0, t.neighbours[np.maximum(have, 0)], -1)
+            have = out[rows]
+            seen = np.where(have >= 0, t.neighbours[np.maximum(have, 0)], -1)  # (R, k)
             for j in range(k):
-                ok &= nbr != seen[:, j:j + 1]
+                ok &= nbr != seen[:, j]
         if self.view.edge_drop > 0:
-            ok &= self.kept(edge)
-        keep = _first_distinct(np.where(ok, nbr, -1 - np.arange(m)))  # (R, m)
+            ok &= self.kept(packed >> 32)
+        keep = _first_distinct(np.where(ok, nbr, -1 - np.arange(m)[:, None]))  # (m, R)
         keep &= ok
-        rank = np.cumsum(keep, axis=1, dtype=np.int16)
-        rank += found[:, None].astype(np.int16)
+        rank = np.cumsum(keep, axis=0, dtype=np.int16)
+        rank += found.astype(np.int16)
         keep &= rank <= k
-        flat = np.arange(0, r * k, k)[:, None] + rank - 1  # (R, m) where a kept draw goes in have
-        have.reshape(-1)[flat[keep]] = edge[keep]
-        return np.minimum(rank[:, -1], k).astype(np.int64)
+        flat = rows * k + rank - 1  # (m, R) where a kept draw goes in out
+        out.reshape(-1)[flat[keep]] = packed[keep] >> 32
+        return np.minimum(rank[-1], k).astype(np.int64)
 
     def scan(self, node: np.ndarray, path: np.ndarray, have: np.ndarray, found: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
         """Exact continuation: Gumbel-top-(k - found) over all visible edges of each row's node, neighbours on its path or
@@ -275,22 +281,22 @@ class _Call:
         return row[rep][sel], slot[sel], edge[rep][sel]
 
 
-def _first_distinct(nbr: np.ndarray) -> np.ndarray:
-    """bool (R, m): entries whose value did not come up earlier in their row (values >= 0 or distinct negatives)."""
-    r, m = nbr.shape
-    if m <= 16 or (m <= 32 and r >= 1024):  # pairwise column compares: fastest for short rows
-        cols = np.ascontiguousarray(nbr.T)  # (m, R)
+def _first_distinct(draws: np.ndarray) -> np.ndarray:
+    """bool (m, R): draws (draw j of row r at [j, r]; values >= 0 or distinct negatives) not seen earlier in their row."""
+    m, r = draws.shape
+    if m <= 16 or (m <= 32 and r >= 1024):  # pairwise compares with the earlier draws: fastest for few draws
         keep = np.empty((m, r), bool)
         keep[0] = True
         for j in range(1, m):
-            keep[j] = ~(cols[:j] == cols[j]).any(0)
-        return keep.T
+            keep[j] = ~(draws[:j] == draws[j]).any(0)
+        return keep
+    nbr = draws.T  # (R, m)
     s = np.sort(nbr * m + np.arange(m), axis=1)  # by value, then draw position: the first of a run is the earliest draw
     fresh = np.ones(s.shape, bool)
     fresh[:, 1:] = s[:, 1:] // m != s[:, :-1] // m
     keep = np.zeros(r * m, bool)
     keep[(np.arange(0, r * m, m)[:, None] + s % m)[fresh]] = True
-    return keep.reshape(r, m)
+    return keep.reshape(r, m).T
 
 
 def _pick(call: _Call, node: np.ndarray, path: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -299,21 +305,16 @@ def _pick(call: _Call, node: np.ndarray, path: list[np.ndarray], k: int) -> tupl
     deg = t.indptr[node + 1] - t.indptr[node]
     out = np.full((len(node), k), -1, np.int64)  # (F, k) visible edge per slot
     found = np.zeros(len(node), np.int64)
-    hub = np.flatnonzero(deg > view.scan_degree)
+    hub = np.flatnonzero((deg > view.scan_degree) & (t.distinct[node] > k))  # the others are scanned: draws would come up short
     if len(hub):  # draws, then more draws for the rows that came up short
         every = len(hub) == len(node)
-        sub = out if every else out[hub]
-        got = call.draw(node if every else node[hub], path if every else [c[hub] for c in path], sub, found[hub],
-                        view.draws_per_slot * k)
-        short = np.flatnonzero(got < np.minimum(k, t.distinct[node[hub]]))
+        node_h, path_h = (node, path) if every else (node[hub], [c[hub] for c in path])
+        got = call.draw(node_h, path_h, out, hub, found[hub], view.draws_per_slot * k)
+        short = np.flatnonzero(got < np.minimum(k, t.distinct[node_h]))
         if len(short):
-            rows = hub[short]
-            again = sub[short]
-            got[short] = call.draw(node[rows], [c[rows] for c in path], again, got[short], SECOND_ROUND * view.draws_per_slot * k)
-            sub[short] = again
+            got[short] = call.draw(node_h[short], [c[short] for c in path_h], out, hub[short], got[short],
+                                   SECOND_ROUND * view.draws_per_slot * k)
         found[hub] = got
-        if not every:
-            out[hub] = sub
     rest = np.flatnonzero((found < np.minimum(k, t.distinct[node])) & (deg > 0))  # short of what the node may still give
     if len(rest):
         have = np.where(out[rest] >= 0, t.neighbours[np.maximum(out[rest], 0)], -1)  # (S, k) neighbours found by draws
@@ -364,14 +365,13 @@ def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: i
         for j, c in enumerate(cols):
             anc_lo[lo:lo + n, j] = c
         lo += n
-    stamp = np.take(table.stamp, np.take(np.concatenate(edge), order))  # a seed's edge -1: the last stamp (the cutoff, self)
-    age = ((cutoff_us - (stamp >> TYPE_SHIFT)) / US).astype(np.float32)
+    e = np.take(np.concatenate(edge), order)  # a seed's edge is -1: the tables' last entry (self, age 0)
     nodes = np.take(np.concatenate(node), order)
     depth = np.repeat(np.arange(levels), [len(s) for s in seq])[order]
     return SampledBatch(
         offsets=offsets, seeds=seeds, node=nodes, hash_codes=np.take(np.asarray(graph.nodes.hash_codes), nodes, axis=0),
         node_type=np.asarray(graph.nodes.node_type, np.int64)[nodes], depth=depth, ancestors=np.take(anc_lo, order, axis=0),
-        edge_type=stamp & (2**TYPE_SHIFT - 1), edge_age=age, cutoff_us=cutoff_us, strength=graph.strength_at(nodes, cutoff_us))
+        edge_type=np.take(table.edge_type, e), edge_age=np.take(table.edge_age, e), cutoff_us=cutoff_us, strength=np.take(graph.strength_until(cutoff_us), nodes))
 
 
 def sample_views(graph: Graph, seeds: np.ndarray, cutoff_us: int, rng: np.random.Generator,
