@@ -14,8 +14,9 @@ Semantics (one `sample` call, one cutoff):
   on one root-to-token path (no walking back to the parent, no cycles).
 
 How (every step is one numpy pass over all tokens of a depth level of the whole batch; no per-seed Python):
-- Per (graph, cutoff, max_age) a table of the visible edges is built once and kept: their CSR, their log weight
-  decayed to the cutoff and a Walker alias table per node, so a weighted draw is two lookups (O(1), no search).
+- Per (graph, cutoff, max_age) a table of the visible edges is built once and kept (about 52 bytes per visible edge):
+  their CSR, their log weight decayed to the cutoff and a Walker alias table per node, packed so that a weighted
+  draw is one 24-byte read (O(1), no search).
 - A frontier token whose node has more than `scan_degree` visible edges draws `draws_per_slot` x fanout edges
   with replacement; dropped edges and nodes on its path are rejected, and the first distinct neighbours in draw
   order are kept (the first distinct values of an i.i.d. weighted sequence are a successive sample).
