@@ -91,6 +91,25 @@ def _retrieve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # as for retrieve: its CPU-feature probing is noise here
+    from hir_model.rank.serve import ServeConfig, serve
+    from hir_model.storage import PartitionStore
+
+    if args.poll_seconds <= 0:
+        print("hir serve: --poll-seconds must be positive", file=sys.stderr)
+        return 2
+    store = PartitionStore(load_config().storage_uri)
+    try:
+        serve(store, ServeConfig(args.host, args.port, args.window, args.poll_seconds, args.access_log))
+    except FileNotFoundError as exc:
+        print(f"hir serve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # SIGINT / SIGTERM after uvicorn's clean shutdown
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     parser = argparse.ArgumentParser(prog="hir", description="Hierarchical Interest Representation tools (config: hir.toml + HIR_* env)")
@@ -113,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     retrieve.add_argument("--exact", action="store_true", help="score every item instead of the BoM candidates")
     retrieve.add_argument("--include-seen", action="store_true", help="keep the items the user already engaged with")
     retrieve.set_defaults(func=_retrieve)
+    srv = sub.add_parser("serve", help="answer retrieve's queries over HTTP for the newest materialised window, "
+                                        "switching to newer windows as they land")
+    srv.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--window", help="serve this window only (default: the newest with ranking_head and bom_index)")
+    srv.add_argument("--poll-seconds", type=float, default=30.0, help="how often to look for a newer window")
+    srv.add_argument("--access-log", action="store_true", help="log one line per request")
+    srv.set_defaults(func=_serve)
     args = parser.parse_args(argv)
     return args.func(args)
 
