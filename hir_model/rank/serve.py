@@ -1,0 +1,296 @@
+"""`hir serve`: the ranking head's answers over HTTP (Starlette on uvicorn) for the newest materialised window.
+
+A window is materialised when it has both `ranking_head` and `bom_index` (the store commits each partition at once, and
+bom_index is built from ranking_head, so its commit is the signal). The server loads the newest such window before it
+listens, then looks at the store every `poll_seconds`: when a newer window lands, a background thread loads its
+`Recommender` fully (encoder for context queries included) and then swaps one reference. A request reads that reference
+once, at its start, so it is answered entirely by one window, which the response names; requests in flight when the
+swap happens finish on the window they started with. A window that fails to load is logged and the old one kept.
+
+Endpoints:
+- `GET /health`: the window served, its items and users, uptime, switches so far.
+- `GET /recommend?user=U&k=20&exact=0&include_seen=0[&context=id1,id2:purchase]` and `POST /recommend` with a JSON
+  object {"user", "context": [{"entity_id", "ts", "event_type"}], "k", "exact", "include_seen"}: {"window", "user",
+  "k", "exact", "include_seen", "items": [{"entity_id", "entity_type", "score"}], "unknown_items"}.
+- 400: bad input (k, a flag, an event type, a timestamp, malformed JSON, an unknown field); 404: a user unknown to the
+  window and no context (the message names the window).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from hir_model.rank.context import _event as context_event
+from hir_model.rank.context import parse_context
+from hir_model.rank.recommender import ContextEvent, Recommender, UnknownUser
+from hir_model.rank.state import HEAD_ASSET
+from hir_model.retrieval.window import BOM_ASSET
+
+log = logging.getLogger("hir.serve")
+
+MAX_K = 1000
+QUERY_FIELDS = {"user", "context", "k", "exact", "include_seen"}
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"  # loopback unless an operator opens it
+    port: int = 8000
+    window: str | None = None  # serve this window only (None: the newest materialised, switching to newer ones)
+    poll_seconds: float = 30.0  # how often the store is looked at for a newer window
+    access_log: bool = False  # one log line per request
+    graceful_seconds: int = 30  # on SIGINT/SIGTERM, how long requests in flight may take to finish
+
+
+def materialised_windows(store) -> list[str]:
+    """Windows with both ranking_head and bom_index committed, oldest first (keys sort by date)."""
+    return sorted(set(store.partitions(HEAD_ASSET)) & set(store.partitions(BOM_ASSET)))
+
+
+@dataclass(frozen=True)
+class Served:
+    """One window ready to answer: what a request reads once at its start."""
+
+    rec: Recommender
+    loaded_at: float  # time.time() when it was ready
+    load_seconds: float
+
+
+def load_served(store, window: str) -> Served:
+    """Window `window` loaded completely, the encoder for context queries included (FileNotFoundError naming what is
+    missing)."""
+    start = time.perf_counter()
+    rec = Recommender.load(store, window)
+    rec.inductive  # noqa: B018 - loaded now, not by the first context query after the swap
+    return Served(rec, time.time(), time.perf_counter() - start)
+
+
+class WindowSwitcher:
+    """Holds the served window; a daemon thread polls the store and swaps in newer windows once they are loaded."""
+
+    def __init__(self, store, config: ServeConfig):
+        self.store, self.config = store, config
+        window = config.window
+        if window is None:
+            windows = materialised_windows(store)
+            if not windows:
+                raise FileNotFoundError(f"no window under {store.root} has both {HEAD_ASSET} and {BOM_ASSET}: materialise "
+                                        f"one first (or pin one with --window)")
+            window = windows[-1]
+        self.served = load_served(store, window)
+        self._log_ready(self.served, None)
+        self.started = time.monotonic()
+        self.switches = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed: tuple[str, str] | None = None  # the last failed load (window, message), logged once
+
+    def start(self) -> None:
+        if self.config.window is None and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hir-serve-poller", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)  # a load in progress only reads files: a daemon thread left behind is harmless
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.poll_seconds):
+            try:
+                self.poll()
+            except Exception:  # the poller must outlive a bad window or a flaky store
+                log.exception("looking for a newer window failed; still serving %s", self.served.rec.window)
+
+    def poll(self) -> bool:
+        """Load and swap in the newest materialised window if it is newer than the one served; True if it switched."""
+        windows = materialised_windows(self.store)
+        current = self.served.rec.window
+        if not windows or windows[-1] <= current:  # never backwards (a re-run briefly hides its partition)
+            return False
+        window = windows[-1]
+        try:
+            served = load_served(self.store, window)
+        except Exception as exc:
+            if self._failed != (window, str(exc)):
+                log.warning("window %s could not be loaded (still serving %s): %s", window, current, exc)
+                self._failed = (window, str(exc))
+            return False
+        self.served = served  # the one reference requests read: old requests keep theirs
+        self.switches += 1
+        self._log_ready(served, current)
+        return True
+
+    @staticmethod
+    def _log_ready(served: Served, previous: str | None) -> None:
+        rec = served.rec
+        what = f"switched from window {previous} to {rec.window}" if previous else f"serving window {rec.window}"
+        log.info("%s: %d items, %d users, loaded in %.2fs", what, rec.state.n_items, len(rec.user_index), served.load_seconds)
+
+    def health(self) -> dict:
+        served = self.served
+        rec = served.rec
+        return {"status": "ok", "window": rec.window, "items": rec.state.n_items, "users": len(rec.user_index),
+                "uptime_seconds": round(time.monotonic() - self.started, 3), "window_loaded_at": served.loaded_at,
+                "switches": self.switches, "pinned": self.config.window is not None}
+
+
+class BadRequest(ValueError):
+    """Input the server refuses (400)."""
+
+
+@dataclass(frozen=True)
+class Query:
+    user: str | None = None
+    context: list[ContextEvent] | None = None
+    k: int = 20
+    exact: bool = False
+    include_seen: bool = False
+
+
+def _k(value) -> int:
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
+        raise BadRequest(f"k must be an integer from 1 to {MAX_K}, got {value!r}")
+    k = int(value)
+    if not 1 <= k <= MAX_K:
+        raise BadRequest(f"k must be an integer from 1 to {MAX_K}, got {k}")
+    return k
+
+
+def _flag(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, str)) and str(value).strip().lower() in ("0", "1", "true", "false"):
+        return str(value).strip().lower() in ("1", "true")
+    raise BadRequest(f"{name} must be 0/1 or true/false, got {value!r}")
+
+
+def _user(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"user must be a non-empty string, got {value!r}")
+    return value
+
+
+def query_from_params(params: Mapping[str, str]) -> Query:
+    """A GET query string; `context` as `hir retrieve --context` takes it."""
+    unknown = sorted(set(params) - QUERY_FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown parameters {unknown}; expected {sorted(QUERY_FIELDS)}")
+    try:
+        context = parse_context(params["context"]) if "context" in params else None
+    except ValueError as exc:
+        raise BadRequest(str(exc).replace("--context", "context")) from exc
+    return Query(_user(params.get("user")), context, _k(params.get("k", 20)), _flag("exact", params.get("exact", False)),
+                 _flag("include_seen", params.get("include_seen", False)))
+
+
+def query_from_json(body) -> Query:
+    """A POST body: {"user", "context": [{"entity_id", "ts" (ISO 8601 or epoch µs), "event_type"}], "k", ...}."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - QUERY_FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown fields {unknown}; expected {sorted(QUERY_FIELDS)}")
+    raw = body.get("context")
+    context = None
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise BadRequest(f"context must be a list of events, got {type(raw).__name__}")
+        context = []
+        for i, event in enumerate(raw):
+            where = f"context[{i}]"
+            if not isinstance(event, dict) or set(event) - {"entity_id", "ts", "event_type"}:
+                raise BadRequest(f"{where} must be an object with entity_id and optional ts, event_type; got {event!r}")
+            entity_id, event_type, ts = event.get("entity_id"), event.get("event_type"), event.get("ts")
+            if not isinstance(entity_id, str) or not (event_type is None or isinstance(event_type, str)) or \
+                    isinstance(ts, (bool, float, list, dict)):
+                raise BadRequest(f"{where}: entity_id and event_type are strings, ts an ISO 8601 string or epoch µs; "
+                                 f"got {event!r}")
+            try:
+                context.append(context_event(entity_id, event_type, ts, where))
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from exc
+    return Query(_user(body.get("user")), context, _k(body.get("k", 20)), _flag("exact", body.get("exact", False)),
+                 _flag("include_seen", body.get("include_seen", False)))
+
+
+def answer(rec: Recommender, query: Query) -> dict:
+    """The response body for `query`, all from `rec` (UnknownUser: a user unknown to its window without a context)."""
+    hits = rec.recommend(query.user, query.context, query.k, query.exact, query.include_seen)
+    return {"window": rec.window, "user": query.user, "k": query.k, "exact": query.exact,
+            "include_seen": query.include_seen,
+            "items": [{"entity_id": h.entity_id, "entity_type": h.entity_type, "score": h.score} for h in hits],
+            "unknown_items": rec.unknown_items(query.context or [])}
+
+
+def _error(status: int, message: str, window: str) -> JSONResponse:
+    return JSONResponse({"error": message, "window": window}, status_code=status)
+
+
+def create_app(switcher: WindowSwitcher) -> Starlette:
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse(switcher.health())
+
+    async def recommend(request: Request) -> JSONResponse:
+        rec = switcher.served.rec  # read once: this request is answered by this window only
+        try:
+            if request.method == "GET":
+                query = query_from_params(request.query_params)
+            else:
+                try:
+                    body = json.loads(await request.body())
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise BadRequest(f"the body is not JSON ({exc})") from exc
+                query = query_from_json(body)
+            return JSONResponse(await run_in_threadpool(answer, rec, query))
+        except BadRequest as exc:
+            return _error(400, str(exc), rec.window)
+        except UnknownUser as exc:
+            return _error(404, str(exc), rec.window)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        switcher.start()
+        try:
+            yield
+        finally:
+            switcher.stop()
+            log.info("stopped (last window served: %s)", switcher.served.rec.window)
+
+    return Starlette(routes=[Route("/health", health), Route("/recommend", recommend, methods=["GET", "POST"])],
+                     lifespan=lifespan)
+
+
+def serve(store, config: ServeConfig = ServeConfig()) -> None:
+    """Load the newest (or the pinned) window, then answer until SIGINT/SIGTERM (KeyboardInterrupt after a clean
+    shutdown: requests in flight finished, the poller stopped). FileNotFoundError before listening if nothing to serve."""
+    import uvicorn
+
+    switcher = WindowSwitcher(store, config)
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises the signal that stopped it once it has shut down: SIGTERM then ends like SIGINT, not by kill
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    server = uvicorn.Server(uvicorn.Config(create_app(switcher), host=config.host, port=config.port, log_config=None,
+                                           access_log=config.access_log,
+                                           timeout_graceful_shutdown=config.graceful_seconds))
+    server.run()
+    if not server.started:  # e.g. the port is taken: uvicorn logged why and returned
+        raise OSError(f"could not listen on {config.host}:{config.port}")
+
+
+__all__ = ["Query", "ServeConfig", "WindowSwitcher", "answer", "create_app", "materialised_windows", "serve"]
