@@ -18,7 +18,7 @@ from dagster_project.resources import PartitionStorage, SourceResource
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.data.windows import CRON, WindowSpec
 from hir_model.eval.agreement import agreement_markdown
-from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, STATE_FILE, SUMMARY_FILE, collect, save_states, summary_table
+from hir_model.eval.publish import EVALUATION_ASSET, collect, write_evaluation
 from hir_model.eval.report import lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, timing_table
 from hir_model.eval.run import CONTENT_ASSET
 from hir_model.eval.window import (BOM_ASSET, HEAD_ASSET, HIERARCHY_ASSET, WindowEvalConfig, WindowOutcome, evaluate_published_window,
@@ -137,11 +137,8 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
             yield dg.AssetObservation(asset_key=EVALUATION_ASSET, partition=window.key, metadata={"skipped": outcome.reason})
             return
         ev = outcome.evaluation
-        table = ev.to_table()
         with store.writing() as staging:
-            staging.write_table(EVALUATION_ASSET, window.key, METRICS_FILE, table)
-            staging.write_table(EVALUATION_ASSET, window.key, SUMMARY_FILE, summary_table(ev, outcome.extras))
-            save_states(staging.path(EVALUATION_ASSET, window.key) / STATE_FILE, outcome.methods)
+            table = write_evaluation(staging, window.key, ev, outcome.extras, outcome.methods)
         earlier = [k for k in store.partitions(EVALUATION_ASSET) if k <= window.key]
         history = collect(store, earlier)
         context.log.info(f"evaluated {window.key} on {ev.next_window}: {ev.counts.warm_users} warm, {ev.counts.cold_users} cold users; "

@@ -37,7 +37,7 @@ log = logging.getLogger("hir")
 
 HIERARCHY_ASSET, ASSIGNMENTS_FILE, BOM_ASSET, HEAD_ASSET = "interest_hierarchy", "assignments", "bom_index", "ranking_head"
 HIR_ROWS = ("hir", "hir_exact", "hir_embeddings")
-ALL_METHODS = HIR_ROWS + ("popularity", "content", "mf_als", "lightgcn")
+ALL_METHODS = HIR_ROWS + ("popularity", "item2item_recent", "content", "mf_als", "lightgcn")
 NEXT_WINDOW_ASSETS = (EVENTS_ASSET, CATALOG_ASSET, CONTENT_ASSET)  # the only assets whose t+1 partition may be read
 
 

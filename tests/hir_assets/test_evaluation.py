@@ -12,7 +12,8 @@ from dagster_project.resources import LocalPartitionStorage, SourceResource
 from hir_assets.evaluation import CAUSAL_READS_CHECK, HIR_EVALUATED_CHECK, build_evaluation_assets
 from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, STATE_FILE, read_evaluation
 from hir_model.eval.report import print_last_window, write_html_report
-from tests.hir_model.eval.hir_store import KEYS, SPEC, hir_store
+from hir_model.rank.head import HeadConfig
+from tests.hir_model.eval.hir_store import KEYS, SPEC, hir_store, publish_head
 
 torch.set_num_threads(1)
 
@@ -43,13 +44,13 @@ def test_windows_with_a_successor_materialise_with_hir_beside_the_baselines(eval
         checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
         assert checks[CAUSAL_READS_CHECK].passed and checks[HIR_EVALUATED_CHECK].passed
     meta = materialisation(first)
-    assert "| deep_funnel | warm | known | hir |" in meta["metrics"] and "| cold | known | lightgcn |" in meta["metrics"]
+    assert "| deep_funnel | warm | known | hir_exact |" in meta["metrics"] and "| cold | known | lightgcn |" in meta["metrics"]
     assert meta["recall20_per_window"].startswith("![") and "data:image/png;base64," in meta["cold_vs_warm"]
     assert meta["warm_users"] == 2 and meta["cold_users"] == 1 and meta["hir"]["evaluated"]
-    assert "hir_score" in meta["downstream_lift"]
+    assert "hir_exact_score" in meta["downstream_lift"]
     ev, extras = read_evaluation(store, KEYS[0])
-    assert ev.methods == ("hir", "popularity", "content", "mf_als", "lightgcn") and extras["hir"]["cold_users_encoded"] >= 1
-    assert {p.name for p in store.files(EVALUATION_ASSET, KEYS[0])} == {f"{METRICS_FILE}.parquet", "summary.parquet", STATE_FILE}
+    assert ev.methods == ("hir_exact", "hir_embeddings", "popularity", "item2item_recent", "content", "mf_als", "lightgcn") and extras["hir"]["cold_users_encoded"] >= 1
+    assert {p.name for p in store.files(EVALUATION_ASSET, KEYS[0])} == {f"{METRICS_FILE}.parquet", "summary.parquet", "users.parquet", STATE_FILE}
     # W1 warm-starts the stateful baselines from W0's saved state (strictly earlier), W0 from nothing
     assert materialisation(first)["warm_started_from"] == {}
     assert materialisation(second)["warm_started_from"] == {"mf_als": KEYS[0], "lightgcn": KEYS[0]}
@@ -80,7 +81,7 @@ def test_html_report_and_last_window_table(evaluated, tmp_path, capsys):
     assert page.count("data:image/png;base64,") >= 3 and "hir" in page and KEYS[2] in page  # the skipped window is listed
     last = print_last_window(store, KEYS, html=path)
     out = capsys.readouterr().out
-    assert last == KEYS[1] and f"window {KEYS[1]}" in out and "| deep_funnel | warm | known | hir |" in out and str(path) in out
+    assert last == KEYS[1] and f"window {KEYS[1]}" in out and "| deep_funnel | warm | known | hir_exact |" in out and str(path) in out
 
 
 def test_the_evaluation_job_runs_the_asset_alone_after_the_next_window_is_in(tmp_path):
@@ -111,18 +112,16 @@ def test_the_leak_guard_fails_on_any_read_after_t_but_the_next_windows_events(ev
     assert guard.metadata["future_reads"].value == [["entity_embeddings", KEYS[1]], ["raw_events", KEYS[2]]]
 
 
-def test_the_item_prior_is_in_hirs_metadata_and_can_be_turned_off_from_run_config(tmp_path):
+def test_hirs_metadata_reports_the_published_ranking_head(tmp_path):
     store = hir_store(tmp_path / "store", temp=0.1)
-    on, off = run(store, KEYS[0]), run(store, KEYS[0], prior_weight=0.0)
+    on = run(store, KEYS[0])
+    publish_head(store, KEYS[0], HeadConfig(prior_weight=0.0, recent_weight=0.0, kernel_weight=0.0))
+    off = run(store, KEYS[0])
     assert on.success and off.success
-    assert materialisation(on)["hir"]["prior_scale"] == pytest.approx(0.1) and materialisation(off)["hir"]["prior_scale"] == 0.0
-    assert materialisation(on)["hir"]["recent_weight"] == 0.7 and materialisation(off)["hir"]["prior_calibration"] is None
-    assert materialisation(on)["hir"]["cold_structure_weight"] == 0.85 and materialisation(on)["hir"]["cold_prior_days"] == 7.0
+    hir_on, hir_off = materialisation(on)["hir"], materialisation(off)["hir"]
+    assert hir_on["prior_scale"] == pytest.approx(0.1) and hir_off["prior_scale"] == 0.0
+    assert hir_on["head"]["config"]["recent_weight"] == 0.7 and hir_off["head"]["config"]["recent_weight"] == 0.0
+    assert hir_on["rows"] == ["hir_exact", "hir_embeddings"]  # no bom_index in this store: no served row
+    assert "bom_index" in hir_on["served"]
     # this store's encoder reads no structural encodings: no structural readout, so no new users' prior either
-    assert materialisation(on)["hir"]["structural_readout"] is False and materialisation(on)["hir"]["cold_prior"] is False
-    row = run(store, KEYS[0], recent_weight=0.0, calibrate_days=0.0, prior_weight=2.0, kernel_weight=0.0, cold_structure_weight=0.0,
-              cold_prior_days=0.0)
-    assert row.success and materialisation(row)["hir"]["recent_weight"] == 0.0 == materialisation(row)["hir"]["kernel_weight"]
-    assert materialisation(row)["hir"]["cold_structure_weight"] == 0.0
-    assert materialisation(row)["hir"]["cold_prior_days"] is None
-    assert materialisation(row)["hir"]["prior_weight"] == 2.0 and materialisation(row)["hir"]["prior_scale"] == pytest.approx(0.2)
+    assert hir_on["head"]["structural_readout"] is False and hir_on["head"]["cold_prior"] is False
