@@ -6,11 +6,11 @@ Run-time parameters of the rules:
 - `known_users`: the ids among them whose entity_type is `user`.
 - `catalog`: the catalog as of the window end (entity_id, entity_type, first_seen_ts), for typed and time checks.
 
-What happens to a row that breaks a rule: the rule's outcome is `reject` (the row goes to the rejected table with
-its original values, the rule and its file); a warning's is `publish` (the row is kept, counted in the
-asset's metadata and logged per file). Uniqueness is judged among the rows that pass every other rule, within a file and across files alike, so
-a valid row is never dropped for repeating the id of a row rejected for something else. File-level breaks
-(`ContractError`) fail the run; their rules are listed in README's "Bring your own".
+What happens to a row that breaks a rule: the rule's outcome is `reject` (the row goes to the rejected table
+with its original values, the rule and its file); a warning's is `publish` (the row is kept, counted in the
+asset's metadata and logged per file). Uniqueness is judged among the rows that pass every other rule, within
+a file and across files alike, so a valid row is never dropped for repeating the id of a row rejected for
+something else. File-level breaks (`ContractError`) fail the run; data_contracts/README.md lists them.
 """
 
 from data_contracts.contract import Contract, ContractError, RuleResult

@@ -7,7 +7,7 @@ import pyarrow.compute as pc
 
 from dagster_project.partitions import window_of
 from dagster_project.resources import PartitionStorage, SourceResource
-from data_contracts import CATALOG, CONVERSION_EVENT, EVENTS, RELATIONS, ContractError
+from data_contracts import CATALOG, CONTRACTS, CONVERSION_EVENT, EVENTS, RELATIONS, ContractError
 from hir_assets.checks import (NOT_EMPTY_CHECK, contract_check_results, contract_check_specs, rejected_result,
                                rejected_spec)
 from hir_model.data.ingest import IngestReport
@@ -35,7 +35,7 @@ def rejected_check(report: IngestReport, asset: str, prefix: str = "") -> dg.Ass
     result = rejected_result(report, asset, prefix)
     return result.with_metadata({**result.metadata, "rejected_fraction": report.rejected / max(report.rows_in, 1),
                                  "files_with_rejects": len(report.rejected_by_origin),
-                                 **{f"rejected.{rule}": n for rule, n in sorted(report.rejected_by_rule.items())}})
+                                 **{f"rejected.{r.name}": report.rejected_by_rule[r.name] for r in CONTRACTS[report.contract].rules}})
 
 
 def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:

@@ -164,7 +164,7 @@ class ParquetSource(Source):
             yield Batch(str(f), table)
 
     def events(self, window: Window) -> Iterator[Batch]:
-        keys, strays = self._layout()
+        _, strays = self._layout()
         for path, start, why in strays:
             if start is None or start == window.start:
                 files = [path] if path.is_file() else _files(path) if path.is_dir() else []
