@@ -73,10 +73,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from hir_model.data.source import Source  # noqa: E402
-from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, build_catalog, build_events  # noqa: E402
+from hir_model.data.tables import CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, build_catalog, build_events  # noqa: E402
 from hir_model.data.windows import WindowSpec  # noqa: E402
 from hir_model.eval.baselines import baselines  # noqa: E402
-from hir_model.eval.hir import HIRMethodConfig  # noqa: E402
+from hir_model.eval.compare import compare, comparison_markdown  # noqa: E402
+from hir_model.rank.head import HeadConfig  # noqa: E402
 from hir_model.eval.report import evaluated, summary, write_report  # noqa: E402
 from hir_model.eval.run import EvalConfig, evaluate_windows  # noqa: E402
 from hir_model.storage import PartitionStore  # noqa: E402
@@ -90,9 +91,9 @@ def materialise(source: Source, store: PartitionStore) -> WindowSpec:
     for window in spec.windows():
         with store.writing() as staging:
             build_catalog(source, window, staging)
-        known = store.read(CATALOG_ASSET, window.key, ENTITIES_FILE, columns=["entity_id"]).column("entity_id").combine_chunks()
+        catalog = store.read(CATALOG_ASSET, window.key, ENTITIES_FILE, columns=CATALOG_REFERENCE)
         with store.writing() as staging:
-            build_events(source, window, known, staging)
+            build_events(source, window, catalog, staging)
     return spec
 
 
@@ -106,21 +107,27 @@ def hir_train_config(source: str, overrides: list[str] = ()):
     return with_overrides(cfg, parse_overrides(list(overrides)))
 
 
-def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, scratch: Path) -> dict:
+def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, scratch: Path,
+                head: HeadConfig = HeadConfig()) -> dict:
     """Publish HIR's artefacts of every window up to the last of `keys` with a successor, in the assets' layout:
     content_embeddings (the stand-in; every window, t+1's new items read it), engagement_graph (every window: graph(t)
-    grows from graph(t-1)), hir_encoder (from the first of `keys` on: fresh there, then warm-started from t-1) and
-    entity_embeddings. Returns seconds per stage and the training summary."""
+    grows from graph(t-1)), hir_encoder (from the first of `keys` on: fresh there, then warm-started from t-1),
+    entity_embeddings, interest_hierarchy, ranking_head (with `head`) and bom_index. Returns seconds per stage and the
+    training summary."""
     from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
     from hir_model.graph.window import build_window_graph, to_us
     from hir_model.hierarchy.window import (CHECKPOINT_FILE, CONTENT_ASSET, CONTENT_FILE, EMBEDDINGS_ASSET, ENCODER_ASSET,
                                             checkpoint_path, embed_window, window_train_data)
     from hir_model.eval.text_vectors import stand_in_table
+    from hir_model.hierarchy.window import HIERARCHY_ASSET, hierarchy_window
+    from hir_model.rank.state import HEAD_ASSET, write_head
+    from hir_model.rank.window import build_head_state
+    from hir_model.retrieval.window import BOM_ASSET, build_window_index
     from hir_model.train.trainer import train_window
 
     needed = [k for k in keys if spec.next(spec.window(k)) is not None]
     first, upto = min(keys, default=""), max(needed, default="")
-    seconds = {"content": 0.0, "graph": 0.0, "train": 0.0, "embed": 0.0}
+    seconds = {"content": 0.0, "graph": 0.0, "train": 0.0, "embed": 0.0, "index": 0.0}
     losses, entropy, previous, trained = [], [], None, None
     for window in spec.windows():
         key = window.key
@@ -152,8 +159,18 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
         with store.writing() as staging:
             staging.write_table(EMBEDDINGS_ASSET, key, EMBEDDINGS_FILE, embeddings_table(build.embeddings))
         t4 = time.perf_counter()
+        h = hierarchy_window(store, key, trained, to_us(window.end))  # interest_hierarchy, ranking_head, bom_index
+        with store.writing() as staging:
+            for name, table in h.tables.items():
+                staging.write_table(HIERARCHY_ASSET, key, name, table)
+        state = build_head_state(store, spec, key, head)
+        with store.writing() as staging:
+            write_head(staging.path(HEAD_ASSET, key), state)
+        with store.writing() as staging:
+            build_window_index(store, key, staging.path(BOM_ASSET, key))
         seconds["train"] += t3 - t2
         seconds["embed"] += t4 - t3
+        seconds["index"] += time.perf_counter() - t4
         losses.append(result.losses[-1] if result.losses else float("nan"))
         entropy.append(min(result.usage_entropy, default=float("nan")))
         trained = key
@@ -161,14 +178,12 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
             "last_loss": losses[-1] if losses else float("nan"), "min_usage_entropy": min(entropy, default=float("nan"))}
 
 
-def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None,
-                       hir_config: HIRMethodConfig = HIRMethodConfig()) -> list:
-    """Every window of `keys` through `evaluate_published_window` (HIR + baselines), in time order, each warm-starting
-    from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window; `hir_config`:
-    how HIR ranks (its item prior, the prior's calibration, the recent-items readout)."""
+def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None) -> list:
+    """Every window of `keys` through `evaluate_published_window` (HIR's rows + baselines), in time order, each
+    warm-starting from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window."""
     from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window
 
-    config = WindowEvalConfig(hir=hir_config)
+    config = WindowEvalConfig()
 
     results, previous = [], None
     for key in sorted(keys):
@@ -184,7 +199,7 @@ def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None
 
 
 def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int | None = None, last: int = 4,
-             hir=None, hir_config: HIRMethodConfig = HIRMethodConfig()) -> list:
+             hir=None, head: HeadConfig = HeadConfig()) -> list:
     """`hir` (a TrainConfig): publish HIR's artefacts trained with it (`publish_hir`) and evaluate as `window_evaluation`
     does, HIR among the methods; None: the baselines only."""
     store = PartitionStore(workdir / name)
@@ -195,10 +210,10 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
     keys = keys[-(windows + 1):] if windows else keys  # + 1: the last window is skipped (no successor)
     if hir is not None:
         t0 = time.perf_counter()
-        built = publish_hir(store, spec, keys, hir, workdir / f"{name}-hir-scratch")
+        built = publish_hir(store, spec, keys, hir, workdir / f"{name}-hir-scratch", head)
         s = built["seconds"]
         print(f"case={name} hir_build_s={time.perf_counter() - t0:.1f} hir_content_s={s['content']:.1f} hir_graph_s={s['graph']:.1f} "
-              f"hir_train_s={s['train']:.1f} hir_embed_s={s['embed']:.1f} windows_trained={built['windows_trained']} "
+              f"hir_train_s={s['train']:.1f} hir_embed_s={s['embed']:.1f} hir_index_s={s['index']:.1f} windows_trained={built['windows_trained']} "
               f"steps_per_window={hir.steps} levels={','.join(map(str, hir.levels))} last_loss={built['last_loss']:.3f} "
               f"min_usage_entropy={built['min_usage_entropy']:.3f}", flush=True)
         t0 = time.perf_counter()
@@ -210,7 +225,7 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
             else:
                 print(f"case={name} window={key} {prior_fields(outcome.extras['hir'])}", flush=True)
 
-        results = evaluate_published(store, spec, keys, on_window=note, hir_config=hir_config)
+        results = evaluate_published(store, spec, keys, on_window=note)
         for key, reason in unevaluated.items():
             print(f"case={name} window={key} hir=no reason={reason!r}", flush=True)
     else:
@@ -231,11 +246,29 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
     content = ",".join(sorted({e.content_source for e in evals}))
     print(f"case={name} windows_evaluated={len(evals)} windows_skipped={len(results) - len(evals)} setup_s={setup:.1f} "
           f"eval_s={seconds:.1f} " + " ".join(f"{m}_s={s:.1f}" for m, s in fit.items())
-          + f" content={content} mean_lift_auc_{'mf_als' if hir is None else 'hir'}={auc_lift:+.4f}", flush=True)
+          + f" content={content} mean_lift_auc_{'mf_als' if hir is None else 'hir_exact'}={auc_lift:+.4f}", flush=True)
+    comparisons(name, results, last)
     what = "baselines" if hir is None else "HIR and baselines"
     files = write_report(results, out / name, title=f"{name}: {what}, next-window evaluation", last=last)
     print(f"case={name} report={files.html}", flush=True)
     return results
+
+
+PAIRS = (("hir", "hir_exact"), ("hir_exact", "hir_embeddings"))  # served vs the head; the head vs the representation
+
+
+def comparisons(name: str, results: list, last: int = 4) -> None:
+    """Paired bootstrap 95% CIs over users (pooled over all windows and the last `last`): HIR as served against every
+    other method, and the pairs above; warm and cold users' deep-funnel Recall@20 on known items."""
+    methods = {r.method for e in evaluated(results) for r in e.results}
+    reference = "hir" if "hir" in methods else ("hir_exact" if "hir_exact" in methods else "popularity")
+    for users in ("warm", "cold"):
+        rows = compare(results, reference=reference, pairs=[p for p in PAIRS if set(p) <= methods], users=users,
+                       items="known", target="deep_funnel", metric="recall@20", last=last, per_window=False)
+        for r in rows:
+            print(f"case={name} compare={r.a}-{r.b} users={users} scope={r.scope} diff={r.diff:+.4f} "
+                  f"ci95={r.low:+.4f}..{r.high:+.4f} verdict={r.verdict} users_per_window={r.users_per_window:.1f}",
+                  flush=True)
 
 
 def movielens_last(results: list, last: int = 4) -> None:
@@ -256,7 +289,7 @@ def prior_fields(hir: dict) -> str:
     return f"hir_prior_weight={hir.get('prior_weight', float('nan')):g} hir_prior_fitted_users={fitted.get('users', 0)}"
 
 
-def run_store(root: Path, out: Path, last: int = 4, hir_config: HIRMethodConfig = HIRMethodConfig()) -> list:
+def run_store(root: Path, out: Path, last: int = 4) -> list:
     """Every window of a materialised store through `evaluate_published_window` (HIR + baselines), in time order."""
     import pyarrow.parquet as pq
 
@@ -277,12 +310,13 @@ def run_store(root: Path, out: Path, last: int = 4, hir_config: HIRMethodConfig 
                         if a.level == a.planted_level), flush=True)
 
     t0 = time.perf_counter()
-    results = evaluate_published(PartitionStore(root), spec, [w.key for w in spec.windows()], truth, line, hir_config)
+    results = evaluate_published(PartitionStore(root), spec, [w.key for w in spec.windows()], truth, line)
     name = f"store_{config.source}"
     for row in summary(results):
         print(f"case={name} method={row.method} users={row.users} items={row.items} target={row.target} windows={row.windows} "
               f"recall@20={row.values['recall@20']:.4f} ndcg@20={row.values['ndcg@20']:.4f}", flush=True)
     movielens_last(results, last)
+    comparisons(name, results, last)
     print(f"case={name} windows_evaluated={len(evaluated(results))} eval_s={time.perf_counter() - t0:.1f}", flush=True)
     files = write_report(results, out / name, title=f"{root}: HIR and baselines, next-window evaluation", last=last)
     print(f"case={name} report={files.html}", flush=True)
@@ -300,10 +334,10 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a TrainConfig field of HIR's training (JSON value), e.g. --set steps=20")
     parser.add_argument("--prior-weight", type=float, default=1.0,
-                        help="HIR's item prior weight in logit units where it is not fitted (hir_model.eval.hir; "
+                        help="HIR's item prior weight in logit units where it is not fitted (hir_model.rank.head; "
                              "0: the plain dot product)")
     parser.add_argument("--calibrate-days", type=float, default=7.0,
-                        help="fit the prior's weight on each window's last days (hir_model.eval.readout; 0: off)")
+                        help="fit the prior's weight on each window's last days (hir_model.rank.fit; 0: off)")
     parser.add_argument("--recent-weight", type=float, default=0.7,
                         help="a warm user's query: (1 - w) * published row + w * recent items (0: the row alone)")
     parser.add_argument("--kernel-weight", type=float, default=0.7,
@@ -313,11 +347,11 @@ def main() -> None:
     parser.add_argument("--cold-prior-days", type=float, default=7.0,
                         help="cold users' item prior: engagements made in their users' first days (0: warm users' prior)")
     args = parser.parse_args()
-    hir_config = HIRMethodConfig(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days or None,
-                                 recent_weight=args.recent_weight, kernel_weight=args.kernel_weight,
-                                 cold_structure_weight=args.cold_structure_weight, cold_prior_days=args.cold_prior_days or None)
+    head = HeadConfig(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days or None,
+                      recent_weight=args.recent_weight, kernel_weight=args.kernel_weight,
+                      cold_structure_weight=args.cold_structure_weight, cold_prior_days=args.cold_prior_days or None)
     if args.store:
-        run_store(args.store, args.out, hir_config=hir_config)
+        run_store(args.store, args.out)
         return
     cases = set(args.cases.split(","))
     hir = None if args.no_hir else hir_train_config("synthetic", args.set)
@@ -328,7 +362,7 @@ def main() -> None:
 
             for size in ((20_000, 80_000) if args.quick else (100_000, 400_000)):
                 source = SyntheticSource(replace(SyntheticConfig(), events_per_window=size), workdir / f"synthetic-{size}")
-                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir, hir_config=hir_config)
+                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir, head=head)
         if "movielens" in cases:
             from hir_model.data.movielens import MovieLensSource
 
@@ -337,7 +371,7 @@ def main() -> None:
             t0 = time.perf_counter()
             hir_ml = None if args.no_hir else hir_train_config("movielens", args.set)
             results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml,
-                               hir_config=hir_config)
+                               head=head)
             movielens_last(results)
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)
 
