@@ -29,7 +29,7 @@ WINDOWS = 8
 
 def run_one(events: int, workdir: Path) -> dict:
     from hir_model.data.synthetic import SyntheticConfig, SyntheticSource
-    from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, build_catalog, build_events
+    from hir_model.data.tables import CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, build_catalog, build_events
     from hir_model.data.windows import WindowSpec
     from hir_model.storage import PartitionStore
 
@@ -42,9 +42,9 @@ def run_one(events: int, workdir: Path) -> dict:
     for window in WindowSpec.covering("weekly", *source.span()).windows():
         with store.writing() as staging:
             build_catalog(source, window, staging)
-        known = store.read(CATALOG_ASSET, window.key, ENTITIES_FILE, columns=["entity_id"]).column("entity_id").combine_chunks()
+        catalog = store.read(CATALOG_ASSET, window.key, ENTITIES_FILE, columns=CATALOG_REFERENCE)  # what the event rules read
         with store.writing() as staging:
-            report = build_events(source, window, known, staging)
+            report = build_events(source, window, catalog, staging)
         if report.rejected:
             raise SystemExit(f"{window.key}: {report.rejected} synthetic rows rejected: {report.problems()}")
         gen_ingest_rows += report.accepted
