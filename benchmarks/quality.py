@@ -266,9 +266,11 @@ def comparisons(name: str, results: list, last: int = 4) -> None:
         rows = compare(results, reference=reference, pairs=[p for p in PAIRS if set(p) <= methods], users=users,
                        items="known", target="deep_funnel", metric="recall@20", last=last, per_window=False)
         for r in rows:
-            print(f"case={name} compare={r.a}-{r.b} users={users} scope={r.scope} diff={r.diff:+.4f} "
-                  f"ci95={r.low:+.4f}..{r.high:+.4f} verdict={r.verdict} users_per_window={r.users_per_window:.1f}",
-                  flush=True)
+            users_per_window = sum(r.n_users) / max(r.windows, 1)
+            print(f"case={name} compare={r.method}-{r.reference} users={users} scope={r.scope} "
+                  f"{r.method}={r.method_value:.4f} {r.reference}={r.reference_value:.4f} diff={r.diff:+.4f} "
+                  f"ci95={r.low:+.4f}..{r.high:+.4f} verdict={r.verdict} windows={r.windows} "
+                  f"users_per_window={users_per_window:.1f}", flush=True)
 
 
 def movielens_last(results: list, last: int = 4) -> None:
