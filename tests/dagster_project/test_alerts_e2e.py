@@ -1,0 +1,161 @@
+"""The alert path end to end, as `make ui` runs it: `dagster dev` (webserver + daemon) on an on-disk instance made from
+deploy/dagster.local.yaml, a planted failing check, and exactly one alert at a webhook receiver on 127.0.0.1 and in the
+alert log; then the failed check in the UI, in headless Chromium where Debian's package is installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_contracts.schemas import RELATIONS_SCHEMA
+from tests.conftest import TS, W0, W1, catalog_table, events_table
+from tests.dagster_project.instances import free_port
+from tests.dagster_project.test_sensors import KEY, Receiver, plant_rejected_row
+
+REPO = Path(__file__).resolve().parents[2]
+TICK_S = 5  # the sensor's interval here (HIR_ALERT_INTERVAL_S); 30 s by default
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.slow
+
+
+def write_byo(root: Path) -> Path:
+    """The conftest's bring-your-own folder (two weekly windows), built once for the module."""
+    (root / "catalog").mkdir(parents=True)
+    pq.write_table(catalog_table(), root / "catalog" / "entities.parquet")
+    (root / "relations").mkdir()
+    pq.write_table(pa.table({"src_id": ["c1"], "relation": ["promotes"], "dst_id": ["p1"], "first_seen_ts": pa.array([W0], TS)},
+                            schema=RELATIONS_SCHEMA), root / "relations" / "r.parquet")
+    for start, prefix in ((W0, "a"), (W1, "b")):
+        folder = root / "events" / start.strftime("%Y-%m-%d")
+        folder.mkdir(parents=True)
+        pq.write_table(events_table(start, prefix), folder / "part-0.parquet")
+    return root
+
+
+def sensor_state(instance: dg.DagsterInstance):
+    from dagster._core.scheduler.instigation import InstigatorType  # not re-exported by dagster
+
+    return next((s for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR) if s.name == "hir_alerts"), None)
+
+
+def wait_for(what: str, predicate, timeout: float, proc: subprocess.Popen, log: Path):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc.poll() is not None:
+            raise RuntimeError(f"dagster dev exited with {proc.returncode} while waiting for {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(1)
+    raise TimeoutError(f"no {what} within {timeout:.0f} s; dagster dev said:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """dagster dev up, the sensor past its first tick, then one run whose rejected-rows check fails; what came of it."""
+    tmp = tmp_path_factory.mktemp("alerts_e2e")
+    byo, home, receiver = write_byo(tmp / "byo"), tmp / "home", Receiver()
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.local.yaml", home / "dagster.yaml")  # what `make ui` gets
+    env = {**os.environ, "DAGSTER_HOME": str(home), "HIR_SOURCE": "parquet", "HIR_PARQUET_PATH": str(byo), "HIR_WINDOW": "weekly",
+           "HIR_STORAGE_URI": str(tmp / "store"), "HIR_ALERT_WEBHOOK_URL": receiver.url, "HIR_ALERT_INTERVAL_S": str(TICK_S),
+           "DAGSTER_DISABLE_TELEMETRY": "1"}
+    port, log = free_port(), tmp / "dagster_dev.log"
+    with dg.DagsterInstance.from_config(str(home)):  # its storage made before dagster dev starts (two makers race)
+        pass
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("dagster")), "dev", "-h", "127.0.0.1", "-p", str(port),
+                                 "-w", "workspace.yaml"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return urllib.request.urlopen(f"{url}/server_info", timeout=2).status == 200
+        except OSError:
+            return False
+
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            assert type(instance.event_log_storage).__name__ == "SqliteEventLogStorage"  # run-sharded, as `make ui` uses
+            wait_for("webserver", up, 240, proc, log)
+            wait_for("first sensor tick", lambda: (s := sensor_state(instance)) and s.instigator_data and s.instigator_data.cursor,
+                     180, proc, log)
+            from dagster_project.definitions import build_definitions
+            from hir_model.config import HIRConfig
+
+            path = plant_rejected_row(byo)
+            defs = build_definitions(HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(tmp / "store")))
+            ingest = defs.resolve_job_def("hir_window").get_subset(asset_selection={dg.AssetKey("entity_catalog"), dg.AssetKey("raw_events")})
+            assert ingest.execute_in_process(partition_key=KEY, instance=instance).success  # a WARN check fails
+            ended = time.time()
+            wait_for("alert at the webhook", lambda: receiver.received, 4 * TICK_S + 30, proc, log)
+            delay = time.time() - ended
+            time.sleep(3 * TICK_S)  # further ticks: nothing more may arrive
+            state = sensor_state(instance)
+            ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=100)
+        yield {"url": url, "home": home, "received": list(receiver.received), "delay": delay, "ticks": ticks,
+               "log": log.read_text(errors="replace"), "bad_file": path, "tmp": tmp}
+    finally:
+        receiver.close()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """dagster dev and its webserver, daemon and code server (one process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_planted_failing_check_alerts_exactly_once_within_two_ticks(planted):
+    (message,) = planted["received"]
+    alert = message["hir_alert"]
+    assert (alert["kind"], alert["asset"], alert["check"], alert["partition"]) == ("check", "raw_events", "no_rejected_rows", KEY)
+    assert str(planted["bad_file"]) in alert["description"]
+    assert planted["delay"] <= 2 * TICK_S + 5, f"the alert took {planted['delay']:.1f} s, more than two ticks"
+    logged = [json.loads(line) for line in (planted["home"] / "alerts.jsonl").read_text().splitlines()]
+    assert logged == [alert]
+    from dagster._core.scheduler.instigation import TickStatus  # not re-exported by dagster
+
+    statuses = [t.status for t in planted["ticks"]]
+    assert len(statuses) >= 3 and TickStatus.FAILURE not in statuses, statuses
+    errors = [line for line in planted["log"].splitlines() if "hir_alerts" in line and ("Error" in line or "error" in line)]
+    assert not errors, errors
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium); .ci/run installs it")
+def test_the_ui_shows_the_failed_check(planted):
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.add_locator_handler(page.get_by_text("Join the Dagster community"), lambda: page.get_by_role("button", name="Skip").click())
+        page.goto(f"{planted['url']}/assets/raw_events?view=checks", wait_until="networkidle")
+        row = page.get_by_role("row").filter(has_text="no_rejected_rows")
+        row.get_by_text("Failed", exact=False).first.wait_for(timeout=60_000)
+        shot = planted["tmp"] / "ui_failed_check.png"
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    artifacts = REPO / ".hir" / "test-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, artifacts / shot.name)
