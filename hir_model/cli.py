@@ -102,7 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
     store = PartitionStore(load_config().storage_uri)
     try:
         serve(store, ServeConfig(args.host, args.port, args.window, args.poll_seconds, args.access_log))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:  # the window to serve is missing or broken (before listening)
         print(f"hir serve: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # SIGINT / SIGTERM after uvicorn's clean shutdown
