@@ -288,9 +288,7 @@ def serve(store, config: ServeConfig = ServeConfig()) -> None:
     server = uvicorn.Server(uvicorn.Config(create_app(switcher), host=config.host, port=config.port, log_config=None,
                                            access_log=config.access_log,
                                            timeout_graceful_shutdown=config.graceful_seconds))
-    server.run()
-    if not server.started:  # e.g. the port is taken: uvicorn logged why and returned
-        raise OSError(f"could not listen on {config.host}:{config.port}")
+    server.run()  # a port already taken: uvicorn logs it and exits 3
 
 
 __all__ = ["Query", "ServeConfig", "WindowSwitcher", "answer", "create_app", "materialised_windows", "serve"]
