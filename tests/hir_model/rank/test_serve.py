@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hir_model.cli import main
 from hir_model.graph.window import to_us
 from hir_model.hierarchy.window import HIERARCHY_ASSET, checkpoint_path, hierarchy_window
 from hir_model.rank.recommender import ContextEvent, Recommender, UnknownUser
@@ -155,8 +156,6 @@ def test_health_recommend_context_unknown_users_and_bad_input(full_store, tmp_pa
 
 
 def test_nothing_to_serve_exits_2_before_listening(tmp_path, monkeypatch, capsys):
-    from hir_model.cli import main
-
     monkeypatch.setenv("HIR_STORAGE_URI", str(tmp_path / "empty"))
     assert main(["serve", "--port", str(free_port())]) == 2
     assert f"no window under {tmp_path / 'empty'} has both ranking_head and bom_index" in capsys.readouterr().err
@@ -232,9 +231,10 @@ def test_a_newer_window_is_switched_to_without_dropping_a_request(full_store, tm
     print(f"{sum(map(len, results))} requests across the switch")
 
 
-def test_a_newer_window_that_cannot_be_loaded_completely_is_not_swapped_in(full_store, tmp_path, caplog):
-    """In process: W1's index lands but its encoder (needed for context queries) is missing: W0 stays, one warning;
-    once the encoder is there, the next poll switches."""
+def test_a_newer_window_that_cannot_be_loaded_completely_is_not_swapped_in(full_store, tmp_path, caplog, monkeypatch,
+                                                                           capsys):
+    """In process: W1's index lands but its encoder (needed for context queries) is missing: W0 stays, one warning
+    (and `hir serve` started now refuses W1 before listening); once the encoder is there, the next poll switches."""
     root, landing = tmp_path / "store", tmp_path / "landing"
     shutil.copytree(full_store, root)
     shutil.move(root / BOM_ASSET / NEW, landing / BOM_ASSET)
@@ -249,6 +249,9 @@ def test_a_newer_window_that_cannot_be_loaded_completely_is_not_swapped_in(full_
         assert not switcher.poll() and not switcher.poll()
     assert switcher.served.rec.window == OLD and switcher.switches == 0
     assert len(caplog.records) == 1 and f"window {NEW} could not be loaded (still serving {OLD})" in caplog.text
+    monkeypatch.setenv("HIR_STORAGE_URI", str(root))
+    assert main(["serve", "--port", str(free_port())]) == 2
+    assert f"{encoder} does not exist" in capsys.readouterr().err
     shutil.move(landing / encoder.name, encoder)
     assert switcher.poll() and switcher.served.rec.window == NEW and switcher.switches == 1
     assert not switcher.poll()  # nothing newer
