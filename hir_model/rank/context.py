@@ -22,9 +22,11 @@ def _event(entity_id: str, event_type: str | None, ts, where: str) -> ContextEve
     ts_us = None
     if ts not in (None, ""):
         try:
-            ts_us = int(ts) if str(ts).lstrip("-").isdigit() else int(pd.Timestamp(ts).tz_localize("UTC").value // 1000
-                                                                      if pd.Timestamp(ts).tzinfo is None else
-                                                                      pd.Timestamp(ts).value // 1000)
+            if str(ts).lstrip("-").isdigit():
+                ts_us = int(ts)
+            else:
+                stamp = pd.Timestamp(ts)
+                ts_us = int((stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp).value // 1000)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{where}: ts {ts!r} is neither ISO 8601 nor epoch microseconds") from exc
     return ContextEvent(entity_id, ts_us, event_type == CONVERSION_EVENT)
