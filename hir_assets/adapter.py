@@ -77,7 +77,9 @@ def build_adapter_assets(window_partitions: dg.TimeWindowPartitionsDefinition) -
         ok, first, last = run.fit.loss_decreased()
         check = dg.AssetCheckResult(check_name=LOSS_DECREASED_CHECK, passed=ok, severity=dg.AssetCheckSeverity.WARN,
                                     description=f"mean loss {first:.4f} over the first steps, {last:.4f} over the last",
-                                    metadata={"first_loss": first, "last_loss": last})
+                                    metadata={"first_loss": dg.MetadataValue.float(float(first)),
+                                              "last_loss": dg.MetadataValue.float(float(last)),
+                                              "loss_change": dg.MetadataValue.float(float(last - first))})
         context.log.info(f"{ADAPTER_ASSET} {window.key} x {objective}: {run.fit.pairs} pairs, loss {first:.3f} -> {last:.3f}; "
                          + (run.gain_note or f"recall@{gain.k} {gain.recall_base:.4f} -> {gain.recall_adapted:.4f}"))
         return dg.MaterializeResult(metadata=metadata, check_results=[check])

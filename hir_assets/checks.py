@@ -40,14 +40,16 @@ def contract_check_results(contract: Contract, table: pa.Table, params: dict[str
     ge_schema = results.pop("schema.columns")
     out = [dg.AssetCheckResult(
         asset_key=asset, check_name=check_name(prefix, SCHEMA_CHECK), passed=ge_schema.success and not problems,
-        metadata={"problems": "; ".join(problems) or "none", "columns": ", ".join(table.schema.names)})]
+        metadata={"problems": "; ".join(problems) or "none", "columns": ", ".join(table.schema.names),
+                  "problem_count": len(problems), "column_count": len(table.schema.names)})]
     for rule in contract.rules:
         r = results[rule.name]
         out.append(dg.AssetCheckResult(
             asset_key=asset, check_name=check_name(prefix, rule.name), passed=r.success,
             description=r.description,
-            metadata={"unexpected_count": r.unexpected_count, "unexpected_sample": ", ".join(r.unexpected_sample) or "none",
-                      "rows": table.num_rows}))
+            metadata={"unexpected_count": dg.MetadataValue.int(int(r.unexpected_count)),
+                      "unexpected_share": dg.MetadataValue.float(r.unexpected_count / max(table.num_rows, 1)),
+                      "unexpected_sample": ", ".join(r.unexpected_sample) or "none", "rows": dg.MetadataValue.int(table.num_rows)}))
     return out
 
 
@@ -61,7 +63,8 @@ def rejected_result(report: IngestReport, asset: str, prefix: str = "") -> dg.As
         asset_key=asset, check_name=check_name(prefix, REJECTED_CHECK), passed=report.rejected == 0,
         severity=dg.AssetCheckSeverity.WARN,
         description="; ".join(report.problems()) or "no rows rejected",
-        metadata={"rejected": report.rejected, "rows_in": report.rows_in,
+        metadata={"rejected": dg.MetadataValue.int(report.rejected), "rows_in": dg.MetadataValue.int(report.rows_in),
+                  "rejected_share": dg.MetadataValue.float(report.rejected / max(report.rows_in, 1)),
                   "by_rule": dict(report.rejected_by_rule), "by_file": dg.MetadataValue.md(_problems_md(report))})
 
 

@@ -91,7 +91,10 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
                             warm_started=training.warm_started, epoch_losses=[round(x, 4) for x in training.checkpoint.losses])
         improved = training is None or training.final_loss < training.initial_loss
         described = f"loss {training.initial_loss:.3f} -> {training.final_loss:.3f}" if training else f"no training: {row['action']}"
-        check = dg.AssetCheckResult(asset_key=CLIP_ASSET, check_name=CLIP_LOSS_CHECK, passed=improved, description=described)
+        losses = {"initial_loss": dg.MetadataValue.float(float(training.initial_loss)),
+                  "final_loss": dg.MetadataValue.float(float(training.final_loss))} if training else {}
+        check = dg.AssetCheckResult(asset_key=CLIP_ASSET, check_name=CLIP_LOSS_CHECK, passed=improved, description=described,
+                                    metadata={**losses, "trained": training is not None})
         return dg.MaterializeResult(metadata=metadata, check_results=[check])
 
     specs = [dg.AssetCheckSpec(name, asset=CONTENT_ASSET, blocking=True, description=text) for name, text in (
@@ -128,21 +131,27 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
             context.log.warning(problem)
         context.log.info(f"{CONTENT_ASSET} {key}: {build.new} new, {build.changed} changed, {build.version_changed} re-embedded "
                          f"for a new encoder version, {build.reused} reused in {build.seconds:.1f}s")
+        entities = len(catalog)
         checks = [
             (COVERAGE_CHECK, report.covered, f"{report.missing} entities without a row (e.g. {report.missing_sample}), "
              f"{report.unexpected} rows not in the catalogue, {report.vector_without_content} vectors disagree with has_text/has_image; "
-             f"{report.no_content} entities have neither text nor image (null vector by design)"),
-            (FINITE_CHECK, report.nonfinite == 0, f"{report.nonfinite} vectors with NaN or inf"),
-            (UNIT_NORM_CHECK, report.max_norm_error <= NORM_TOLERANCE, f"max |norm - 1| = {report.max_norm_error:.2e}"),
-            (DIMENSION_CHECK, report.dims == build.dims, f"widths {report.dims}, encoders {build.dims}"),
-            (VERSION_CHECK, report.versions == [build.version], f"versions {report.versions}"),
+             f"{report.no_content} entities have neither text nor image (null vector by design)",
+             {"missing": report.missing, "unexpected": report.unexpected, "vector_without_content": report.vector_without_content,
+              "no_content": report.no_content, "coverage": dg.MetadataValue.float((entities - report.missing) / max(entities, 1))}),
+            (FINITE_CHECK, report.nonfinite == 0, f"{report.nonfinite} vectors with NaN or inf", {"nonfinite": report.nonfinite}),
+            (UNIT_NORM_CHECK, report.max_norm_error <= NORM_TOLERANCE, f"max |norm - 1| = {report.max_norm_error:.2e}",
+             {"max_norm_error": dg.MetadataValue.float(float(report.max_norm_error)),
+              "tolerance": dg.MetadataValue.float(NORM_TOLERANCE)}),
+            (DIMENSION_CHECK, report.dims == build.dims, f"widths {report.dims}, encoders {build.dims}",
+             {f"width_{k}": int(v) for k, v in report.dims.items()}),
+            (VERSION_CHECK, report.versions == [build.version], f"versions {report.versions}", {"versions": len(report.versions)}),
         ]
-        results = [dg.AssetCheckResult(asset_key=CONTENT_ASSET, check_name=name, passed=bool(ok), description=text)
-                   for name, ok, text in checks]
+        results = [dg.AssetCheckResult(asset_key=CONTENT_ASSET, check_name=name, passed=bool(ok), description=text, metadata=meta)
+                   for name, ok, text, meta in checks]
         if agreement:
             results.append(dg.AssetCheckResult(
                 asset_key=CONTENT_ASSET, check_name=INTEREST_CHECK, passed=agreement["fused"] >= INTEREST_THRESHOLD,
-                severity=dg.AssetCheckSeverity.WARN, metadata={k: float(v) for k, v in agreement.items()},
+                severity=dg.AssetCheckSeverity.WARN, metadata={k: dg.MetadataValue.float(float(v)) for k, v in agreement.items()},
                 description=(f"{NEIGHBOURS}-NN share with the same fine interest over {agreement['n']:.0f} products: fused "
                              f"{agreement['fused']:.3f}, text-only {agreement['text']:.3f}, image-only {agreement['image']:.3f}, "
                              f"chance {agreement['chance']:.3f}")))

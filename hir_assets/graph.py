@@ -36,7 +36,7 @@ def check_results(audit: GraphAudit, end_key: str, input_leaks: int = 0) -> list
         return dg.AssetCheckResult(asset_key=GRAPH_ASSET, check_name=name, passed=bool(passed), severity=severity,
                                    description=description, metadata=metadata)
 
-    latest = "none" if audit.latest_edge_us is None else str(audit.latest_edge_us)
+    latest = -1 if audit.latest_edge_us is None else int(audit.latest_edge_us)  # -1: no edges (a number, so it charts)
     return [
         result(NO_FUTURE_EDGES_CHECK, audit.leaks == 0 and input_leaks == 0,
                f"{audit.future_edges} edges and {audit.future_nodes} nodes at or after the end of {end_key}; "
@@ -44,10 +44,10 @@ def check_results(audit: GraphAudit, end_key: str, input_leaks: int = 0) -> list
                future_edges=audit.future_edges, future_nodes=audit.future_nodes, input_rows_after_end=input_leaks,
                latest_edge_us=latest),
         result(WEIGHTS_CHECK, audit.bad_weights == 0, f"{audit.bad_weights} of {audit.edges} weights not finite and positive",
-               bad_weights=audit.bad_weights),
+               bad_weights=audit.bad_weights, edges=audit.edges),
         result(NODES_TYPED_CHECK, audit.untyped_nodes == 0 and audit.bad_edge_types == 0,
                f"{audit.untyped_nodes} untyped nodes, {audit.bad_edge_types} edges of unknown type",
-               untyped_nodes=audit.untyped_nodes, bad_edge_types=audit.bad_edge_types),
+               untyped_nodes=audit.untyped_nodes, bad_edge_types=audit.bad_edge_types, nodes=audit.nodes, edges=audit.edges),
         result(NODE_COUNT_CHECK, audit.node_count_ok,
                f"{audit.previous_nodes if audit.previous_nodes is not None else 'no'} nodes before, {audit.nodes} now; "
                f"{audit.prefix_changed} earlier nodes changed index or type", severity=dg.AssetCheckSeverity.WARN,

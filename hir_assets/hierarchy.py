@@ -63,10 +63,12 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asset
         types, counts = np.unique(emb.entity_type.astype(str), return_counts=True)
         checks = [
             _result(EMBEDDINGS_ASSET, FINITE_UNIT_CHECK, bad == 0 and norm_err <= NORM_TOLERANCE,
-                    f"{bad} non-finite rows; max |norm - 1| = {norm_err:.2e}", nonfinite=bad, max_norm_error=norm_err),
+                    f"{bad} non-finite rows; max |norm - 1| = {norm_err:.2e}", nonfinite=int(bad),
+                    max_norm_error=dg.MetadataValue.float(float(norm_err))),
             _result(EMBEDDINGS_ASSET, COLD_START_CHECK, not build.missing,
                     f"{int(emb.cold_start.sum())} cold-start rows; {len(build.missing)} of {build.expected} catalogue entities "
-                    f"without a row: {build.missing or 'none'}", cold_start=int(emb.cold_start.sum()), expected=build.expected),
+                    f"without a row: {build.missing or 'none'}", cold_start=int(emb.cold_start.sum()), expected=build.expected,
+                    missing=len(build.missing), rows=len(emb)),
         ]
         return dg.MaterializeResult(check_results=checks, metadata={
             "dagster/row_count": len(emb), "by_type": {t: int(c) for t, c in zip(types, counts)},
@@ -94,8 +96,12 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asset
                 staging.write_table(HIERARCHY_ASSET, window.key, file, h.tables[name])
         n = len(h.levels[0].primitive) if h.levels else 0
         complete = all(len(a.primitive) == n and (a.weight > 0).all() for a in h.levels)
+        assigned = min((float((a.weight > 0).all(axis=-1).mean()) if len(a.primitive) == n and n else 0.0 for a in h.levels),
+                       default=0.0)  # the worst level's share of entities with all top-k weights > 0
         check = _result(HIERARCHY_ASSET, ASSIGNED_CHECK, complete and n > 0,
-                        f"{n} entities x {len(h.levels)} levels, top-{config.top_k} each")
+                        f"{n} entities x {len(h.levels)} levels, top-{config.top_k} each", entities=n, levels=len(h.levels),
+                        assigned_share=dg.MetadataValue.float(assigned),
+                        **{f"primitives_used_L{i}": int((a.sizes() > 0).sum()) for i, a in enumerate(h.levels)})
         per_level = lambda f: {f"L{i}": f(i) for i in range(len(h.levels))}  # noqa: E731
         return dg.MaterializeResult(check_results=[check], metadata={
             "entities": n, "primitives": per_level(lambda i: h.levels[i].num_primitives),

@@ -100,12 +100,18 @@ def check_results(metrics: dict, probe_error: float) -> list[dg.AssetCheckResult
     passed = finite and (last < first or (bool(metrics.get("warm_started")) and last <= allowed))
     return [
         dg.AssetCheckResult(check_name=LOSS_CHECK, passed=passed,
-                            metadata={"start_loss": first, "final_loss": last, "allowed_final": allowed,
+                            metadata={"start_loss": dg.MetadataValue.float(float(first)), "final_loss": dg.MetadataValue.float(float(last)),
+                                      "allowed_final": dg.MetadataValue.float(float(allowed)),
+                                      "loss_change": dg.MetadataValue.float(float(last - first)),
+                                      "nonfinite_steps": dg.MetadataValue.int(int((~np.isfinite(losses)).sum()) if losses else 0),
                                       "warm_started": bool(metrics.get("warm_started")), "measured_on": measured}),
         dg.AssetCheckResult(check_name=COLLAPSE_CHECK, passed=bool(entropy) and min(entropy) > MIN_USAGE_ENTROPY,
-                            metadata={"usage_entropy": dg.MetadataValue.json(entropy), "threshold": MIN_USAGE_ENTROPY}),
+                            metadata={"usage_entropy": dg.MetadataValue.json(entropy), "threshold": dg.MetadataValue.float(MIN_USAGE_ENTROPY),
+                                      "min_entropy": dg.MetadataValue.float(float(min(entropy)) if entropy else float("nan")),
+                                      **{f"entropy_L{i}": dg.MetadataValue.float(float(e)) for i, e in enumerate(entropy)}}),
         dg.AssetCheckResult(check_name=REPRODUCE_CHECK, passed=probe_error <= PROBE_TOLERANCE,
-                            metadata={"max_abs_error": probe_error, "tolerance": PROBE_TOLERANCE}),
+                            metadata={"max_abs_error": dg.MetadataValue.float(float(probe_error)),
+                                      "tolerance": dg.MetadataValue.float(PROBE_TOLERANCE)}),
     ]
 
 
