@@ -91,7 +91,7 @@ class PartitionStore:
     @contextmanager
     def writing(self) -> Iterator[Staging]:
         """Stage files; on normal exit commit every staged partition, on error discard them all."""
-        staging = Staging(self, uuid.uuid4().hex[:12])
+        staging = Staging(self, f"{os.getpid()}x{uuid.uuid4().hex[:12]}")  # the writer's pid: see _recover
         try:
             yield staging
         except BaseException:
@@ -111,14 +111,31 @@ class PartitionStore:
         log.debug("committed %s/%s", asset, partition)
 
     def _recover(self, asset: str, partition: str) -> None:
-        """Finish or undo a commit that a crash interrupted between its two renames."""
+        """Undo a commit that a crash interrupted between its two renames; a commit whose writer is alive is between
+        them for microseconds and is left to finish (a reader restoring it would make the writer's second rename fail)."""
         final = self.partition_dir(asset, partition)
         if final.exists() or not final.parent.is_dir():
             return
         for trash in sorted(final.parent.glob(f".trash-{partition}-*")):
+            if _writer_alive(trash.name.rsplit("-", 1)[-1]):
+                return
             os.rename(trash, final)
             log.warning("restored %s/%s from an interrupted commit", asset, partition)
             return
+
+
+def _writer_alive(token: str) -> bool:
+    """Whether the process that staged `token` (`<pid>x<random>`) still runs (this process counts: another thread)."""
+    pid, sep, _ = token.partition("x")
+    if not sep or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class S3PartitionStore(PartitionStore):

@@ -12,7 +12,7 @@ from data_contracts.vocab import CONVERSION_EVENT, EVENT_TYPES
 from hir_model.rank.recommender import ContextEvent
 
 
-def _event(entity_id: str, event_type: str | None, ts, where: str) -> ContextEvent:
+def context_event(entity_id: str, event_type: str | None, ts, where: str) -> ContextEvent:
     entity_id = (entity_id or "").strip()
     if not entity_id:
         raise ValueError(f"{where}: an event without an entity_id")
@@ -37,7 +37,7 @@ def parse_context(text: str) -> list[ContextEvent]:
     out = []
     for i, part in enumerate(p for p in text.split(",") if p.strip()):
         entity_id, _, event_type = part.partition(":")
-        out.append(_event(entity_id, event_type or None, None, f"--context item {i + 1}"))
+        out.append(context_event(entity_id, event_type or None, None, f"--context item {i + 1}"))
     if not out:
         raise ValueError("--context holds no entity id")
     return out
@@ -62,7 +62,7 @@ def read_context_file(path: Path) -> list[ContextEvent]:
         if "entity_id" not in (reader.fieldnames or []):
             raise ValueError(f"{path}: a CSV context needs an entity_id column (got {reader.fieldnames})")
         rows = list(enumerate(reader, 2))
-    events = [_event(r.get("entity_id"), r.get("event_type"), r.get("ts"), f"{path} line {n}") for n, r in rows]
+    events = [context_event(r.get("entity_id"), r.get("event_type"), r.get("ts"), f"{path} line {n}") for n, r in rows]
     if not events:
         raise ValueError(f"{path} holds no event")
     return events

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from hir_model.rank.context import _event as context_event
+from hir_model.rank.context import context_event
 from hir_model.rank.context import parse_context
 from hir_model.rank.recommender import ContextEvent, Recommender, UnknownUser
 from hir_model.rank.state import HEAD_ASSET

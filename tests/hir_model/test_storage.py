@@ -60,6 +60,23 @@ def test_interrupted_commit_is_recovered(tmp_path):
     assert store.read("a", "p", "t").num_rows == 3
 
 
+def test_a_reader_leaves_a_live_writers_commit_alone_and_undoes_a_dead_ones(tmp_path):
+    """Between a commit's two renames the partition is briefly missing: a reader (e.g. `hir serve` polling) must not
+    restore the old folder under a writer that is still running, or the writer's second rename fails."""
+    import subprocess
+    import sys
+
+    store = PartitionStore(tmp_path)
+    with store.writing() as s:
+        s.write_table("a", "p", "t", table(3))
+    live = tmp_path / "a" / f".trash-p-{os.getpid()}xabc"
+    os.rename(store.partition_dir("a", "p"), live)  # this process is mid-commit
+    assert not store.exists("a", "p") and live.is_dir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    os.rename(live, tmp_path / "a" / f".trash-p-{dead.stdout.strip()}xabc")  # a writer that died between the renames
+    assert store.read("a", "p", "t").num_rows == 3
+
+
 def test_missing_partition_says_what_to_materialise(tmp_path):
     with pytest.raises(FileNotFoundError, match="materialise a for 2024-01-07"):
         PartitionStore(tmp_path).read("a", "2024-01-07", "t")
