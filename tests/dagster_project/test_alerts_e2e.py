@@ -151,11 +151,15 @@ def test_the_ui_shows_the_failed_check(planted):
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.add_locator_handler(page.get_by_text("Join the Dagster community"), lambda: page.get_by_role("button", name="Skip").click())
         page.goto(f"{planted['url']}/assets/raw_events?view=checks", wait_until="networkidle")
-        row = page.get_by_role("row").filter(has_text="no_rejected_rows")
-        row.get_by_text("Failed", exact=False).first.wait_for(timeout=60_000)
-        shot = planted["tmp"] / "ui_failed_check.png"
-        page.screenshot(path=str(shot), full_page=True)
-        browser.close()
-    artifacts = REPO / ".hir" / "test-artifacts"
-    artifacts.mkdir(parents=True, exist_ok=True)
-    shutil.copy(shot, artifacts / shot.name)
+        page.get_by_text("no_rejected_rows", exact=True).first.wait_for(timeout=60_000)
+        artifacts = REPO / ".hir" / "test-artifacts"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        shot = artifacts / "ui_failed_check.png"
+        try:
+            page.get_by_text("no_rejected_rows", exact=True).first.click()  # the check's page: its latest evaluation
+            page.get_by_text("rejected_share", exact=True).first.wait_for(timeout=60_000)  # numeric metadata, plotted
+            failed = page.get_by_text("Failed", exact=True)
+            failed.nth(1).wait_for(timeout=30_000)  # in the check list and as the latest evaluation's result
+        finally:
+            page.screenshot(path=str(shot), full_page=True)
+            browser.close()

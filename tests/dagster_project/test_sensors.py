@@ -63,6 +63,7 @@ def receiver():
 def postgres():
     if pg_bin() is None:
         pytest.skip("PostgreSQL server binaries are absent (apt-get install postgresql; .ci/run installs it)")
+    pytest.importorskip("dagster_postgres", reason="dagster-postgres is not installed (pip install -e '.[dev]' brings it)")
     with postgres_cluster() as cluster:
         yield cluster
 
