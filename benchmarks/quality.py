@@ -37,6 +37,8 @@ is built (no NMI / BoM lines).
                                             # HIR ranked by its published rows alone, the prior at weight 1
                                             # (no recent items, no interest kernel, no fit)
     python benchmarks/quality.py --quick --cases movielens --cold-structure-weight 0   # cold users by the encoder alone
+    python benchmarks/quality.py --quick --cases movielens --skip-last 4   # the 8 MovieLens windows before the last 4
+                                            # evaluated ones: for choices that must not be made on the reported windows
 
 `--store` reads a store the pipeline materialised (the demo's: HIR's entity_embeddings, hir_encoder, graph and
 content of every window), evaluates every window with a successor exactly as the `window_evaluation` asset does
@@ -199,15 +201,20 @@ def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None
 
 
 def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int | None = None, last: int = 4,
-             hir=None, head: HeadConfig = HeadConfig()) -> list:
+             hir=None, head: HeadConfig = HeadConfig(), skip_last: int = 0) -> list:
     """`hir` (a TrainConfig): publish HIR's artefacts trained with it (`publish_hir`) and evaluate as `window_evaluation`
-    does, HIR among the methods; None: the baselines only."""
+    does, HIR among the methods; None: the baselines only. `skip_last`: the last that many windows with a successor are
+    left out (neither trained on nor evaluated; the first of them only serves as the successor of the last evaluated)."""
     store = PartitionStore(workdir / name)
     t0 = time.perf_counter()
     spec = materialise(source, store)
     setup = time.perf_counter() - t0
     keys = [w.key for w in spec.windows()]
-    keys = keys[-(windows + 1):] if windows else keys  # + 1: the last window is skipped (no successor)
+    if skip_last:  # every key kept has a successor: all are evaluated (the last one's successor is read, not evaluated)
+        keys = keys[:-(skip_last + 1)]
+        keys = keys[-windows:] if windows else keys
+    else:
+        keys = keys[-(windows + 1):] if windows else keys  # + 1: the last window is skipped (no successor)
     if hir is not None:
         t0 = time.perf_counter()
         built = publish_hir(store, spec, keys, hir, workdir / f"{name}-hir-scratch", head)
@@ -335,6 +342,8 @@ def main() -> None:
     parser.add_argument("--no-hir", action="store_true", help="the baselines only (no HIR training, embedding, column)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a TrainConfig field of HIR's training (JSON value), e.g. --set steps=20")
+    parser.add_argument("--skip-last", type=int, default=0, metavar="N",
+                        help="leave the last N evaluated windows out (MovieLens), so choices are made on earlier windows")
     parser.add_argument("--prior-weight", type=float, default=1.0,
                         help="HIR's item prior weight in logit units where it is not fitted (hir_model.rank.head; "
                              "0: the plain dot product)")
@@ -373,7 +382,7 @@ def main() -> None:
             t0 = time.perf_counter()
             hir_ml = None if args.no_hir else hir_train_config("movielens", args.set)
             results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml,
-                               head=head)
+                               head=head, skip_last=args.skip_last)
             movielens_last(results)
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)
 
