@@ -116,6 +116,7 @@ def plant_rejected_row(byo: Path, key: str = KEY) -> Path:
     return path
 
 
+@pytest.mark.slow  # three storages, four runs each (~30 s); the cases below run on the run-sharded one alone
 def test_checks_and_runs_alert_once_on_each_storage(instance, byo, tmp_path, receiver):
     job, sensor = setup(byo, tmp_path)
     ingest = subset(job, *INGEST)

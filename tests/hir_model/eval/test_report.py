@@ -62,8 +62,18 @@ def test_the_per_method_plot_shades_a_band_where_one_is_given(results):
     assert plain[:8] == banded[:8] == b"\x89PNG\r\n\x1a\n" and plain != banded
 
 
-def test_the_commit_names_the_checkout_or_says_unknown(tmp_path):
-    from hir_model.config import PROJECT_ROOT
+def test_the_commit_names_the_checkout_marks_local_changes_or_says_unknown(tmp_path):
+    import subprocess
 
-    assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?", git_commit(PROJECT_ROOT))
-    assert git_commit(tmp_path) == "unknown"
+    assert git_commit(tmp_path) == "unknown"  # not a checkout
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = lambda *args: subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout  # noqa: E731
+    git("init", "-q")
+    (repo / "a.txt").write_text("1")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    head = git("rev-parse", "--short=12", "HEAD").strip()
+    assert git_commit(repo) == head and re.fullmatch(r"[0-9a-f]{12}", head)
+    (repo / "a.txt").write_text("2")
+    assert git_commit(repo) == f"{head}+dirty"
