@@ -8,6 +8,7 @@ e.g. right after t+1's run, or as a second pass over the windows.
 
 
 import base64
+import math
 from datetime import datetime, timezone
 
 import dagster as dg
@@ -19,7 +20,8 @@ from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.data.windows import CRON, WindowSpec
 from hir_model.eval.agreement import agreement_markdown
 from hir_model.eval.publish import EVALUATION_ASSET, collect, write_evaluation
-from hir_model.eval.report import lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, timing_table
+from hir_model.eval.report import (comparison_table, lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, report_path,
+                                   timing_table, user_band)
 from hir_model.eval.run import CONTENT_ASSET
 from hir_model.eval.window import (BOM_ASSET, HEAD_ASSET, HIERARCHY_ASSET, WindowEvalConfig, WindowOutcome, evaluate_published_window,
                                    future_reads)
@@ -67,8 +69,11 @@ def metadata(outcome: WindowOutcome, history: list, store, key: str, rows: int) 
     meta = {
         "next_window": ev.next_window,
         "metrics": dg.MetadataValue.md(markdown_table([ev])),
-        "recall20_per_window": dg.MetadataValue.md(png_markdown(plot_per_window(history, slices=USER_SLICES, dpi=72),
+        "recall20_per_window": dg.MetadataValue.md(png_markdown(plot_per_window(history, slices=USER_SLICES, dpi=72,
+                                                                                band=user_band),
                                                                 "deep-funnel Recall@20 per window")),
+        "comparisons": dg.MetadataValue.md(comparison_table(history)),
+        "report": dg.MetadataValue.path(str(report_path(store.root))),
         "cold_vs_warm": dg.MetadataValue.md(png_markdown(plot_cold_vs_warm([ev]), "cold vs warm")),
         "downstream_lift": dg.MetadataValue.md(lift_table([ev])),
         "cost": dg.MetadataValue.md(timing_table([ev])),
@@ -76,6 +81,8 @@ def metadata(outcome: WindowOutcome, history: list, store, key: str, rows: int) 
         "known_items": c.known_items, "new_items": c.new_items, "train_events": c.train_events,
         "next_engagements": c.next_engagements, "content_source": ev.content_source,
         "hir": dg.MetadataValue.json(extras.get("hir", {})),
+        **{f"{m}_warm_deep_recall20": float(v) for m in ("hir", "hir_exact", "hir_embeddings")
+           if not math.isnan(v := ev.value(m, "warm", "known", "deep_funnel", "recall@20"))},
         "warm_started_from": dg.MetadataValue.json(extras.get("warm_started_from", {})),
         "dagster/row_count": rows,
         "path": dg.MetadataValue.path(store.uri(EVALUATION_ASSET, key)),
@@ -95,7 +102,8 @@ def check_results(outcome: WindowOutcome, key: str) -> list[dg.AssetCheckResult]
         dg.AssetCheckResult(check_name=CAUSAL_READS_CHECK, passed=not leaks,
                             description=f"{len(outcome.opened)} partitions read; after {key}: "
                                         f"{sorted({p for _, p in outcome.opened if p > key}) or 'none'}",
-                            metadata={"future_reads": dg.MetadataValue.json([list(x) for x in leaks])}),
+                            metadata={"future_reads": dg.MetadataValue.json([list(x) for x in leaks]),
+                                      "future_read_count": len(leaks), "partitions_read": len(outcome.opened)}),
         dg.AssetCheckResult(check_name=HIR_EVALUATED_CHECK, passed=bool(hir.get("evaluated")), severity=dg.AssetCheckSeverity.WARN,
                             description=hir.get("reason", f"HIR scored {ev.counts.warm_users} warm and {ev.counts.cold_users} cold users")),
     ]

@@ -234,6 +234,38 @@ def _prior(hir: dict) -> str:
     return f"{scale:g} ({how})"
 
 
+COMPARED = (("warm", "deep_funnel"), ("cold", "deep_funnel"))  # the slices every comparison table shows (known items)
+HIR_PAIRS = (("hir", "hir_exact"), ("hir_exact", "hir_embeddings"))  # the index's cost; what the head adds
+
+
+def user_band(e: WindowEvaluation, method: str, users: str, items: str, target: str, metric: str) -> tuple[float, float] | None:
+    """A plotted value's 95% bootstrap interval over the window's users (None without per-user values)."""
+    from hir_model.eval.stats import bootstrap_mean
+
+    for r in e.results:
+        if (r.method, r.users, r.items, r.target) == (method, users, items, target) and metric in r.metrics.per_user:
+            ci = bootstrap_mean(r.metrics.per_user[metric])
+            return ci.low, ci.high
+    return None
+
+
+def comparison_table(results: Sequence[WindowEvaluation | WindowSkipped], last: int | None = 4) -> str:
+    """Every method against HIR as served (or the head, without a served row) and HIR's own pairs, deep-funnel
+    Recall@20 of warm and cold users on known items, pooled over all windows and the last `last`: paired bootstrap
+    95% CIs over users (hir_model.eval.compare); a lead only where the interval excludes 0."""
+    from hir_model.eval.compare import compare, comparison_markdown
+
+    methods = {r.method for e in evaluated(results) for r in e.results if r.metrics.per_user}
+    if not methods:
+        return "no per-user values published: no comparison"
+    reference = next((m for m in ("hir", "hir_exact", "popularity") if m in methods), sorted(methods)[0])
+    rows = []
+    for users, target in COMPARED:
+        rows += compare(results, reference=reference, pairs=[p for p in HIR_PAIRS if set(p) <= methods], users=users,
+                        items="known", target=target, metric="recall@20", last=last, per_window=False)
+    return comparison_markdown(rows)
+
+
 def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str = "HIR window evaluation",
                 last: int | None = 4, extras: dict[str, dict] | None = None, header: Mapping[str, str] | None = None,
                 per_method: bool = False, band: Band | None = None) -> str:
@@ -255,6 +287,7 @@ def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str 
     parts = [f"<h1>{html.escape(title)}</h1>", head,
              f"<h2>Last {last} windows</h2>" + table(markdown_table(results, last)) if last else "",
              "<h2>All windows</h2>" + table(markdown_table(results)),
+             "<h2>Comparisons: paired bootstrap 95% CI over users</h2>" + _comparisons(results, last, table),
              "<h2>Deep-funnel Recall@20 per window</h2>" + img(plot_per_window(results, band=band)),
              "<h2>Deep-funnel Recall@20 per window, by method</h2>" + img(plot_per_method(results, band=band)) if per_method else "",
              "<h2>All engagements Recall@20 per window</h2>" + img(plot_per_window(results, target="engagement", band=band)),
@@ -268,6 +301,11 @@ def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str 
              "table.head th,table.head td{text-align:left}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head>" \
            f"<body>{''.join(parts)}</body></html>"
+
+
+def _comparisons(results, last, table) -> str:
+    md = comparison_table(results, last)
+    return table(md) if md.startswith("|") else f"<p>{html.escape(md)}</p>"
 
 
 @dataclass(frozen=True)
@@ -322,6 +360,9 @@ def print_last_window(store, keys: Sequence[str], html: str | Path | None = None
         n = min(len(evals), 4)
         print(f"\nAveraged over the last {n} evaluated windows:\n", file=out)
         print(markdown_table(evals, n), file=out)
+        print(f"\nDeep-funnel Recall@20 on known items, method minus reference, paired bootstrap 95% CI over users "
+              f"(all {len(evals)} windows and the last {n}; a lead only where the CI excludes 0):\n", file=out)
+        print(comparison_table(evals, n), file=out)
     if html is not None:
         print(f"\nHTML report: {html}", file=out)
     return e.window
@@ -363,7 +404,7 @@ class SourceReport:
 
 
 def write_source_report(store, keys: Sequence[str], path: str | Path, source: str, settings: Mapping[str, str],
-                        commit: str, last: int | None = 4, band: Band | None = None) -> SourceReport:
+                        commit: str, last: int | None = 4, band: Band | None = user_band) -> SourceReport:
     """The per-source HTML page over every published `window_evaluation` among `keys`, titled with the source and the
     window range and headed by the commit and `settings` (written to a temporary name, then renamed: never half a page)."""
     from datetime import datetime, timezone

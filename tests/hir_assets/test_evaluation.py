@@ -48,6 +48,8 @@ def test_windows_with_a_successor_materialise_with_hir_beside_the_baselines(eval
     assert meta["recall20_per_window"].startswith("![") and "data:image/png;base64," in meta["cold_vs_warm"]
     assert meta["warm_users"] == 2 and meta["cold_users"] == 1 and meta["hir"]["evaluated"]
     assert "hir_exact_score" in meta["downstream_lift"]
+    assert "95% CI" in meta["comparisons"] and isinstance(meta["hir_exact_warm_deep_recall20"], float)
+    assert str(meta["report"]).endswith("_reports/evaluation.html")
     ev, extras = read_evaluation(store, KEYS[0])
     assert ev.methods == ("hir_exact", "hir_embeddings", "popularity", "item2item_recent", "content", "mf_als", "lightgcn") and extras["hir"]["cold_users_encoded"] >= 1
     assert {p.name for p in store.files(EVALUATION_ASSET, KEYS[0])} == {f"{METRICS_FILE}.parquet", "summary.parquet", "users.parquet", STATE_FILE}

@@ -11,7 +11,8 @@ from hir_model.eval.als import ALSConfig
 from hir_model.eval.baselines import BaselinesConfig, baselines
 from hir_model.eval.lightgcn import LightGCNConfig
 from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, SUMMARY_FILE, summary_table
-from hir_model.eval.report import evaluated, git_commit, plot_per_method, report_path, write_source_report
+from hir_model.eval.report import (comparison_table, evaluated, git_commit, plot_per_method, print_last_window, report_path,
+                                   user_band, write_source_report)
 from hir_model.eval.run import EvalConfig, evaluate_windows
 from hir_model.storage import PartitionStore
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
@@ -54,6 +55,31 @@ def test_two_sources_keep_two_reports_each_naming_its_source_windows_and_commit(
         assert "abc123def456" in page and "<th>steps</th><td>12</td>" in page and "2 of 3" in page
         assert page.count("data:image/png;base64,") == 4  # per window, per method, engagements, cold vs warm
         assert "by method" in page and f"{KEYS[2]}" in page  # the skipped window is listed
+
+
+def test_comparisons_carry_paired_cis_and_the_bands_come_from_the_users(results, tmp_path, capsys):
+    import numpy as np
+
+    from hir_model.eval.publish import write_evaluation
+    from hir_model.eval.stats import bootstrap_mean
+
+    evals = evaluated(results)
+    md = comparison_table(evals, last=1)
+    assert md.startswith("| users |") and "95% CI" in md and "| popularity |" in md.splitlines()[2]
+    assert {line.split("|")[7].strip() for line in md.splitlines()[2:]} == {"all", "last1"}  # pooled scopes only
+    assert all(line.split("|")[-2].strip() in {"lead", "behind", "tie", "n/a"} for line in md.splitlines()[2:])
+    r = next(r for r in evals[0].results if r.method == "lightgcn" and r.target == "deep_funnel" and r.metrics.per_user)
+    ci = bootstrap_mean(r.metrics.per_user["recall@20"])
+    assert user_band(evals[0], "lightgcn", r.users, r.items, r.target, "recall@20") == (ci.low, ci.high)
+    assert ci.low <= r.metrics.recall[20] <= ci.high and user_band(evals[0], "nobody", "warm", "known", "deep_funnel", "recall@20") is None
+    store = PartitionStore(tmp_path / "store")
+    with store.writing() as staging:  # the asset's files, per-user values included: the demo's summary reads them back
+        for ev in evals:
+            write_evaluation(staging, ev.window, ev, {}, [])
+    assert print_last_window(store, KEYS) == KEYS[1]
+    out = capsys.readouterr().out
+    assert "paired bootstrap 95% CI over users" in out and "| lightgcn | popularity | all |" in out.replace("  ", " ")
+    assert np.isfinite(ci.low)
 
 
 def test_the_per_method_plot_shades_a_band_where_one_is_given(results):
