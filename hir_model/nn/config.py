@@ -21,6 +21,10 @@ class EncoderConfig:
     hash_codes: int = HashConfig.k  # K: hash codes per node; must equal the graph's HashConfig.k
     hash_buckets: int = HashConfig.buckets  # codes (in [0, buckets)) are scaled to [-1, 1]; a constant, not a vocabulary size
     hash_hidden: int = 256  # width of the DHE MLP's hidden layers
+    id_table_rows: int = 0  # rows of a hashed id table beside the deep-hash MLP (0: none): a node's id vector adds the rows
+    # its first id_table_hashes codes pick (modulo the rows; zero at start), for nodes with engagement only. A row learns
+    # from one step's gradient, where the MLP needs many; its size is fixed, not the vocabulary's
+    id_table_hashes: int = 2  # rows per node, summed (two hashes: two ids rarely share both rows)
     content_dim: int = 0  # C: content vector size (0: the batches carry none)
     strength_buckets: int = 0  # log2 buckets of a token's decayed engagement (Graphormer's centrality encoding): bucket 0
     # for none, 1 .. for 2^-8 and up; 0: no strength embedding. hir.toml turns it on (24) for MovieLens, where popularity
@@ -45,13 +49,16 @@ class EncoderConfig:
             raise ValueError(f"backend {self.backend!r}: expected one of {BACKENDS}")
         if self.structure_dim < 0:
             raise ValueError(f"structure_dim must be >= 0, got {self.structure_dim}")
+        if self.id_table_rows < 0 or (self.id_table_rows and not 1 <= self.id_table_hashes <= self.hash_codes):
+            raise ValueError(f"id_table_rows must be >= 0 and id_table_hashes in [1, hash_codes={self.hash_codes}], got "
+                             f"{self.id_table_rows}, {self.id_table_hashes}")
         if self.max_depth < 0 or self.age_buckets < 1 or self.hash_codes < 1 or self.hash_buckets < 2:
             raise ValueError("max_depth >= 0, age_buckets >= 1, hash_codes >= 1 and hash_buckets >= 2 are required")
 
     @classmethod
     def from_dict(cls, d: dict) -> EncoderConfig:
-        """A saved config; one written before the strength token or the structural encoding had none (0)."""
-        return cls(**{"strength_buckets": 0, "structure_dim": 0, **d})
+        """A saved config; one written before the strength token, the structural encoding or the id table had none (0)."""
+        return cls(**{"strength_buckets": 0, "structure_dim": 0, "id_table_rows": 0, **d})
 
     @property
     def head_dim(self) -> int:

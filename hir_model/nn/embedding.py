@@ -1,4 +1,4 @@
-"""Token embedding: deep-hash id embedding + content projection (or a learned "no content" vector) + node type +
+"""Token embedding: deep-hash id embedding (+ an optional hashed id table) + content projection (or a learned "no content" vector) + node type +
 the node's strength bucket + a projection of its structural encoding (hir_model.graph.structure; when configured).
 
 Strength (Graphormer's centrality encoding, on the time-decayed graph): the decayed engagement on a node's edges as of
@@ -46,6 +46,24 @@ class DeepHashEmbedding(nn.Module):
                 m.reset_parameters()
 
 
+class HashedIdTable(nn.Module):
+    """A fixed-size table of id rows: a node's vector is the sum of the rows its first `hashes` codes pick (modulo the
+    rows), zero at start. Beside the deep-hash MLP: a row moves with each gradient it gets, so ids learn within a
+    window's budget; memory is rows x width whatever the vocabulary (two ids share both rows rarely)."""
+
+    def __init__(self, rows: int, hashes: int, width: int):
+        super().__init__()
+        self.hashes = hashes
+        self.rows = nn.Embedding(rows, width)
+        self.reset_parameters()
+
+    def forward(self, codes: Tensor) -> Tensor:  # (..., K) int64 -> (..., width)
+        idx = torch.remainder(codes[..., : self.hashes], self.rows.num_embeddings)  # (..., h)
+        return self.rows(idx).sum(-2)
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.rows.weight)
+
 
 STRENGTH_FLOOR_LOG2 = -8  # bucket 1 holds strengths below 2^-7 (a click decayed over ~5 tau); bucket 0: none at all
 
@@ -60,6 +78,7 @@ class TokenEmbedding(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.ids = DeepHashEmbedding(cfg)
+        self.id_table = HashedIdTable(cfg.id_table_rows, cfg.id_table_hashes, cfg.width) if cfg.id_table_rows else None
         self.types = nn.Embedding(cfg.node_types, cfg.width)
         # no bias: a shared offset would only add a direction common to every node (the type embedding has one per type)
         self.content = nn.Linear(cfg.content_dim, cfg.width, bias=False) if cfg.content_dim else None
@@ -75,6 +94,9 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, batch: EncoderBatch) -> Tensor:  # -> (B, N, width)
         x = self.ids(batch.hash_codes) + self.types(batch.node_type)  # (B, N, W)
+        if self.id_table is not None:  # rows only for nodes with engagement: a new id would read others' rows
+            engaged = batch.strength > 0 if batch.strength is not None else torch.ones_like(batch.node_type, dtype=torch.bool)
+            x = x + self.id_table(batch.hash_codes) * engaged[..., None]
         if self.strength is not None:
             x = x + self.strength(strength_bucket(batch.strength if batch.strength is not None
                                                   else torch.zeros_like(batch.node_type, dtype=torch.float32), self.strength.num_embeddings))
@@ -92,6 +114,8 @@ class TokenEmbedding(nn.Module):
 
     def reset_parameters(self) -> None:
         self.ids.reset_parameters()
+        if self.id_table is not None:
+            self.id_table.reset_parameters()
         nn.init.normal_(self.types.weight, std=0.02)
         nn.init.normal_(self.no_content, std=0.02)
         if self.content is not None:

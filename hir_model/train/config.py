@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -27,6 +28,17 @@ NEGATIVE_EVENTS: tuple[str, ...] = ("not_interested",)
 class TrainConfig:
     levels: tuple[int, ...] = (8, 32, 128)  # prototypes per level, coarse -> fine (MovieLens has ~1.7k movies + users)
     steps: int = 12  # optimizer steps per window (~0.6 s each on 2 CPU cores: 5-10 s a window; warm-started from t-1, so a window refines)
+    epochs: float = 0.0  # > 0: a budget in passes over the window's engagement pairs instead of `steps`: the window trains
+    # ceil(epochs * pairs / window pairs per step) steps (at least 1, at most max_steps), each step's pair batch taking the
+    # next pairs of a seeded permutation, so every pair is seen once an epoch (needs pair_batch)
+    max_steps: int = 0  # cap on the steps an epoch budget gives a window (0: none)
+    pair_batch: int = 0  # engagement pairs per step (global) encoded on the student's narrow view beside the distillation
+    # seeds, for the engagement term only (no teacher view: a narrow sequence costs ~1/10 of a seed's two views); 0: none,
+    # the engagement term reads the seeds' own pairs only
+    replay_share: float = 0.0  # share of the pair batch replayed from earlier windows: user -> entity engagement edges of
+    # the cumulative graph, drawn by decayed weight
+    shared_negatives: int = 0  # entities per step drawn by the pair stream's entity frequency, encoded once and shared by
+    # every user of the pair batch as extra negatives (logQ-corrected when logq_correction is on)
     batch_size: int = 64  # seeds per step (global, over all ranks): half engagement pairs (user, entity), half active nodes
     pair_share: float = 1.0  # share of a step's seeds drawn as engagement pairs (P users + P entities); the rest: active nodes
     lr: float = 2e-3  # AdamW peak learning rate (linear warm-up, cosine decay to lr/10)
@@ -88,6 +100,29 @@ class TrainConfig:
             raise ValueError(f"cold_share must be in [0, 1], got {self.cold_share}")
         if self.steps < 1 or not 0 <= self.momentum_start <= self.momentum_end <= 1:
             raise ValueError("steps >= 1 and 0 <= momentum_start <= momentum_end <= 1 are required")
+        if self.epochs < 0 or self.max_steps < 0 or self.pair_batch < 0 or self.shared_negatives < 0:
+            raise ValueError(f"epochs, max_steps, pair_batch and shared_negatives must be >= 0, got {self.epochs}, "
+                             f"{self.max_steps}, {self.pair_batch}, {self.shared_negatives}")
+        if self.epochs > 0 and not self.pair_batch:
+            raise ValueError(f"an epoch budget (epochs={self.epochs}) needs pair_batch > 0: the pairs an epoch passes over")
+        if self.pair_batch % self.shards or self.shared_negatives % self.shards:
+            raise ValueError(f"pair_batch {self.pair_batch} and shared_negatives {self.shared_negatives} must be multiples of "
+                             f"shards ({self.shards})")
+        if not 0 <= self.replay_share < 1:
+            raise ValueError(f"replay_share must be in [0, 1), got {self.replay_share}")
+
+    @property
+    def replay_pairs(self) -> int:
+        """Pairs of each step's pair batch replayed from earlier windows (the rest are the window's own)."""
+        return int(round(self.pair_batch * self.replay_share))
+
+    def window_steps(self, pairs: int) -> int:
+        """Optimizer steps of a window with `pairs` engagement pairs: `steps`, or the epoch budget's count."""
+        if self.epochs <= 0:
+            return self.steps
+        per_step = self.pair_batch - self.replay_pairs
+        n = max(1, math.ceil(self.epochs * pairs / per_step))
+        return min(n, self.max_steps) if self.max_steps else n
 
     @property
     def global_levels(self) -> int:
@@ -115,9 +150,27 @@ class TrainConfig:
         return cls(**d)
 
 
+# Named training budgets (`budget = "<name>"` in hir.toml's [train] tables or an override): each is a set of field
+# overrides applied before the fields beside it. `cpu`: one pass a window over its engagement pairs on 2 CPU cores;
+# `full`: several passes, large batches and many shared negatives, for a GPU.
+BUDGETS: dict[str, dict] = {
+    "cpu": {"epochs": 1.0, "pair_batch": 256, "shared_negatives": 128, "replay_share": 0.25, "max_steps": 40,
+            "encoder": {"id_table_rows": 2**17}},
+    "full": {"epochs": 4.0, "batch_size": 512, "pair_batch": 4096, "shared_negatives": 4096, "replay_share": 0.25,
+             "max_steps": 2000, "encoder": {"id_table_rows": 2**20}},
+}
+
+
 def with_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
     """cfg with the given top-level fields replaced (lists become tuples); `encoder` may be a dict of EncoderConfig fields
-    to replace (e.g. {"strength_buckets": 24}); unknown names raise a ValueError naming them."""
+    to replace (e.g. {"strength_buckets": 24}); `budget` names a BUDGETS preset, applied before the other fields; unknown
+    names raise a ValueError naming them."""
+    overrides = dict(overrides)
+    if "budget" in overrides:
+        name = overrides.pop("budget")
+        if name not in BUDGETS:
+            raise ValueError(f"unknown training budget {name!r}; known: {sorted(BUDGETS)}")
+        cfg = with_overrides(cfg, BUDGETS[name])
     unknown = sorted(set(overrides) - set(TrainConfig.__dataclass_fields__))
     if unknown:
         raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(TrainConfig.__dataclass_fields__)}")

@@ -17,7 +17,7 @@ from hir_model.content.vectors import to_matrix
 from hir_model.graph.csr import Graph
 from hir_model.graph.sampler import sample
 from hir_model.graph.storage import load_graph
-from hir_model.graph.types import NODE_TYPES, SampledBatch
+from hir_model.graph.types import EDGE_TYPES, NODE_TYPES, SampledBatch
 from hir_model.train.config import NEGATIVE_EVENTS, PAIR_WEIGHTS, TrainConfig
 
 
@@ -41,6 +41,43 @@ class TrainData:
         q_entity = np.bincount(self.pair_entity, weights=self.pair_prob, minlength=n)
         return np.log(np.stack([q_user[self.pair_user], q_entity[self.pair_entity]]))
 
+    @cached_property
+    def replay(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(user int64 [R], entity int64 [R], prob float64 [R]): the cumulative graph's user -> engageable engagement
+        edges as of the cutoff (earlier windows' engagement, this one's too), drawn by decayed weight; explicit-negative
+        edge types are left out."""
+        g = self.graph
+        src, code = g.src(), np.asarray(g.edge_type, np.int64)
+        dst = np.asarray(g.neighbours, np.int64)
+        node_type = np.asarray(g.nodes.node_type, np.int64)
+        keep = (np.isin(code, POSITIVE_EDGE_CODES) & (node_type[src] == NODE_TYPES.index("user"))
+                & np.isin(node_type[dst], ENGAGEABLE_CODES) & (np.asarray(g.last_ts) <= self.cutoff_us))
+        w = np.asarray(g.weight, np.float64)[keep]
+        return src[keep], dst[keep], w / w.sum() if len(w) else w
+
+    @cached_property
+    def _stream_log_q(self) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+        return {}
+
+    def stream_log_q(self, replay_share: float) -> tuple[np.ndarray, np.ndarray]:
+        """float64 [N] each (users, entities): log of a node's probability of being a pair-stream row's user / entity (the
+        window's pairs uniformly, one epoch's order, mixed with the replayed edges by their share); -inf where never."""
+        if replay_share not in self._stream_log_q:
+            self._stream_log_q[replay_share] = self._log_q_of_stream(replay_share)
+        return self._stream_log_q[replay_share]
+
+    def _log_q_of_stream(self, replay_share: float) -> tuple[np.ndarray, np.ndarray]:
+        n = self.graph.num_nodes
+        p = max(len(self.pair_user), 1)
+        ru, re, rp = self.replay
+        share = replay_share if len(ru) else 0.0
+        out = []
+        for own, rep in ((self.pair_user, ru), (self.pair_entity, re)):
+            q = (1 - share) * np.bincount(own, minlength=n) / p + share * np.bincount(rep, weights=rp, minlength=n)
+            with np.errstate(divide="ignore"):
+                out.append(np.log(q))
+        return out[0], out[1]
+
     @property
     def content_dim(self) -> int:
         return 0 if self.content is None else self.content.shape[1]
@@ -50,6 +87,8 @@ class TrainData:
 # never published, and on MovieLens 32k of them would outnumber the 2.6k users and films 12 to 1).
 SEED_TYPES: tuple[str, ...] = ("user",) + ENGAGEABLE_TYPES
 ENGAGEABLE_CODES = np.array([NODE_TYPES.index(t) for t in ENGAGEABLE_TYPES], np.int64)  # their NODE_TYPES indices
+POSITIVE_EDGE_CODES = np.array([EDGE_TYPES.index(t) for t in PAIR_WEIGHTS if t not in NEGATIVE_EVENTS and t in EDGE_TYPES],
+                               np.int64)  # user -> entity engagement edges a replayed pair may come from
 
 
 def active_nodes(graph: Graph, cutoff_us: int) -> np.ndarray:
@@ -135,31 +174,94 @@ def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
 
 
 @dataclass(frozen=True)
+class PairBatch:
+    """A step's pair batch (cfg.pair_batch): Q pairs and M shared negatives, encoded on the student's narrow view only.
+    Their sequences follow the B distillation seeds in StepBatch.narrow: users [B, B+Q), entities [B+Q, B+2Q),
+    negatives [B+2Q, B+2Q+M)."""
+    sign: np.ndarray  # int64 [Q] +1 positive, -1 explicit negative
+    weight: np.ndarray  # float32 [Q] each row's weight in the engagement term (funnel stage; mean 1 over the window)
+    log_q: np.ndarray | None  # float64 [2, Q] log stream probability of each row's user and entity (None: no correction)
+    negatives: int  # M
+    neg_log_q: np.ndarray | None  # float64 [M]
+    neg_is_pos: np.ndarray  # bool [Q, M] the negative is the row's own entity (left out of its softmax)
+
+
+@dataclass(frozen=True)
 class StepBatch:
-    """One shard of one step: B seeds = P pair users + P pair entities + the rest active nodes."""
-    narrow: SampledBatch  # the student's view
-    broad: SampledBatch  # the teacher's view of the same seeds
+    """One shard of one step: B seeds = P pair users + P pair entities + the rest active nodes (+ a pair batch)."""
+    narrow: SampledBatch  # the student's view (of the B seeds, then of the pair batch's nodes)
+    broad: SampledBatch  # the teacher's view of the B seeds
     pairs: int  # P: seeds[:P] are users, seeds[P:2P] their entities
     sign: np.ndarray  # int64 [P]
     log_q: np.ndarray | None = None  # float64 [2, P] log draw probability of each pair's user and entity (cfg.logq_correction)
+    pair_batch: PairBatch | None = None
+
+    @property
+    def seeds(self) -> int:
+        """B: the distillation seeds (both views)."""
+        return self.broad.num_sequences
 
 
-def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int) -> StepBatch:
-    """Shard `shard` of step `step`: the same on any rank or process (rng from (seed, step, shard))."""
+def pair_order(data: TrainData, cfg: TrainConfig, window_seed: int, steps: int) -> np.ndarray:
+    """int64 [steps, window pairs per step]: which of the window's pairs each step's pair batch takes, the window's
+    pairs in a fresh seeded permutation every epoch (every pair once per epoch)."""
+    per_step = cfg.pair_batch - cfg.replay_pairs
+    n = len(data.pair_user)
+    if not n or not per_step:
+        return np.zeros((steps, 0), np.int64)
+    epochs = -(-steps * per_step // n)
+    order = np.concatenate([np.random.default_rng([cfg.seed, window_seed, e]).permutation(n) for e in range(epochs)])
+    return order[: steps * per_step].reshape(steps, per_step)
+
+
+def pair_batch_nodes(data: TrainData, cfg: TrainConfig, own: np.ndarray, rng: np.random.Generator,
+                     shard: int) -> tuple[np.ndarray, PairBatch]:
+    """The nodes (int64 [2Q + M]: users, entities, negatives) and PairBatch of shard `shard` of a step whose window
+    pairs are `own` (indices into the window's pairs, all shards'); replayed pairs and negatives drawn from `rng`."""
+    shards, rep = cfg.shards, cfg.replay_pairs
+    own = np.array_split(np.asarray(own, np.int64), shards)[shard]
+    ru, re, rp = data.replay
+    k = rep // shards + (shard < rep % shards) if len(ru) else 0
+    r = rng.choice(len(ru), size=k, p=rp) if k else np.zeros(0, np.int64)
+    users = np.concatenate([data.pair_user[own], ru[r]])
+    entities = np.concatenate([data.pair_entity[own], re[r]])
+    sign = np.concatenate([data.pair_sign[own], np.ones(k, np.int64)])
+    p = data.pair_prob
+    weight = np.concatenate([p[own] * len(p) if len(p) else np.zeros(0), np.ones(k)]).astype(np.float32)
+    log_u, log_e = data.stream_log_q(cfg.replay_share) if cfg.logq_correction else (None, None)
+    m = cfg.shared_negatives // shards
+    negs = np.zeros(0, np.int64)
+    if m and len(users):
+        q_e = np.exp(data.stream_log_q(cfg.replay_share)[1])  # (N,)
+        negs = rng.choice(len(q_e), size=m, p=q_e / q_e.sum())
+    batch = PairBatch(sign, weight, None if log_u is None else np.stack([log_u[users], log_e[entities]]), len(negs),
+                      None if log_e is None else log_e[negs], entities[:, None] == negs[None, :])
+    return np.concatenate([users, entities, negs]).astype(np.int64), batch
+
+
+def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int, own_pairs: np.ndarray | None = None) -> StepBatch:
+    """Shard `shard` of step `step`: the same on any rank or process (rng from (seed, step, shard)). With cfg.pair_batch,
+    `own_pairs` (a row of pair_order, or None: drawn by pair_prob) are the window pairs of the step's pair batch."""
     rng = np.random.default_rng([cfg.seed, step, shard])
     b = cfg.batch_size // cfg.shards
     p = int(b * cfg.pair_share) // 2 if len(data.pair_user) else 0  # pair_share of the seeds come from pairs (P users + P entities)
     idx = rng.choice(len(data.pair_user), size=p, p=data.pair_prob) if p else np.zeros(0, np.int64)
     rest = rng.choice(data.active, size=b - 2 * p, replace=len(data.active) < b - 2 * p)
     seeds = np.concatenate([data.pair_user[idx], data.pair_entity[idx], rest]).astype(np.int64)
+    pb, student_seeds = None, seeds
+    if cfg.pair_batch and len(data.pair_user):
+        if own_pairs is None:  # no epoch order given (held-out batches): the window's share drawn by pair_prob
+            own_pairs = rng.choice(len(data.pair_user), size=cfg.pair_batch - cfg.replay_pairs, p=data.pair_prob)
+        extra, pb = pair_batch_nodes(data, cfg, own_pairs, rng, shard)
+        student_seeds = np.concatenate([seeds, extra])
     dim = cfg.encoder.structure_dim
-    narrow = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.narrow, rng), data, dim)
+    narrow = with_content(sample(data.graph, student_seeds, data.cutoff_us, cfg.narrow, rng), data, dim)
     broad = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.broad, rng), data, dim)
     if cfg.cold_share > 0:  # DropoutNet-style: the student sees some entities as if new, the teacher their history
-        engageable = np.isin(np.asarray(data.graph.nodes.node_type, np.int64)[seeds], ENGAGEABLE_CODES)
-        narrow = seed_only(narrow, engageable & (rng.random(len(seeds)) < cfg.cold_share))
+        engageable = np.isin(np.asarray(data.graph.nodes.node_type, np.int64)[student_seeds], ENGAGEABLE_CODES)
+        narrow = seed_only(narrow, engageable & (rng.random(len(student_seeds)) < cfg.cold_share))
     log_q = data.pair_log_q[:, idx] if cfg.logq_correction and p else None
-    return StepBatch(narrow, broad, p, data.pair_sign[idx], log_q)
+    return StepBatch(narrow, broad, p, data.pair_sign[idx], log_q, pb)
 
 
 def view_of(data: TrainData, nodes: np.ndarray, cfg: TrainConfig, seed: int, broad: bool = True) -> SampledBatch:

@@ -90,7 +90,9 @@ class DistillationLoss(nn.Module):
         return torch.stack(terms).mean()
 
 
-def engagement_loss(users: Tensor, entities: Tensor, sign: Tensor, temp: float, log_q: Tensor | None = None) -> Tensor:
+def engagement_loss(users: Tensor, entities: Tensor, sign: Tensor, temp: float, log_q: Tensor | None = None,
+                    weight: Tensor | None = None, negatives: Tensor | None = None, neg_log_q: Tensor | None = None,
+                    neg_is_pos: Tensor | None = None) -> Tensor:
     """Contrastive user-entity objective on L2-normalised embeddings.
 
     users, entities: (P, W), row i is one pair from the window's events; sign: (P,) +1 positive, -1 explicit
@@ -99,9 +101,14 @@ def engagement_loss(users: Tensor, entities: Tensor, sign: Tensor, temp: float, 
     are weighted up upstream, by drawing their pairs more often (hir_model.train.data). log_q: (2, P) log draw
     probability of each pair's user and entity; given, each candidate's logit is lowered by its own (the logQ
     correction of a sampled softmax), so frequently drawn candidates are not pushed down for being frequent.
+    weight: (P,) each row's weight (a weighted mean over rows; None: all 1). negatives: (M, W) entities shared by every
+    user as further candidates of its softmax (mixed negative sampling), each lowered by neg_log_q (M,) when given;
+    neg_is_pos (P, M) marks a negative that is the row's own entity (left out).
     """
     pos, neg = sign > 0, sign < 0
     total = users.new_zeros(())
+    if weight is not None or (negatives is not None and len(negatives)):
+        return _weighted_engagement(users, entities, pos, neg, temp, log_q, weight, negatives, neg_log_q, neg_is_pos)
     if pos.any():
         logits = users[pos] @ entities[pos].T / temp  # (P+, P+)
         labels = torch.arange(logits.shape[0], device=logits.device)
@@ -112,6 +119,35 @@ def engagement_loss(users: Tensor, entities: Tensor, sign: Tensor, temp: float, 
             total = total + (F.cross_entropy(logits - lq[1][None, :], labels) + F.cross_entropy(logits.T - lq[0][None, :], labels)) / 2
     if neg.any():
         total = total + F.softplus((users[neg] * entities[neg]).sum(-1) / temp).mean() * temp
+    return total
+
+
+def _weighted_engagement(users: Tensor, entities: Tensor, pos: Tensor, neg: Tensor, temp: float, log_q: Tensor | None,
+                         weight: Tensor | None, negatives: Tensor | None, neg_log_q: Tensor | None,
+                         neg_is_pos: Tensor | None) -> Tensor:
+    """engagement_loss with row weights and shared negatives (the same terms, weighted means)."""
+    w = torch.ones(len(users), device=users.device) if weight is None else weight.to(users.dtype)
+    total = users.new_zeros(())
+    if pos.any():
+        u, e, wp = users[pos], entities[pos], w[pos]
+        logits = u @ e.T / temp  # (P+, P+)
+        labels = torch.arange(logits.shape[0], device=logits.device)
+        to_entity, to_user = logits, logits.T
+        if log_q is not None:
+            lq = log_q[:, pos]
+            to_entity, to_user = logits - lq[1][None, :], logits.T - lq[0][None, :]
+        if negatives is not None and len(negatives):
+            extra = u @ negatives.T / temp  # (P+, M)
+            if neg_log_q is not None:
+                extra = extra - neg_log_q[None, :]
+            if neg_is_pos is not None:
+                extra = extra.masked_fill(neg_is_pos[pos], float("-inf"))
+            to_entity = torch.cat([to_entity, extra], dim=1)  # (P+, P+ + M)
+        ce = (F.cross_entropy(to_entity, labels, reduction="none") + F.cross_entropy(to_user, labels, reduction="none")) / 2
+        total = total + (ce * wp).sum() / wp.sum().clamp_min(1e-12)
+    if neg.any():
+        wn = w[neg]
+        total = total + (F.softplus((users[neg] * entities[neg]).sum(-1) / temp) * wn).sum() / wn.sum().clamp_min(1e-12) * temp
     return total
 
 

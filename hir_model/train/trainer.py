@@ -26,7 +26,7 @@ from hir_model.graph.types import NODE_TYPES
 from hir_model.nn import collate
 from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
-from hir_model.train.data import TrainData, step_batch
+from hir_model.train.data import PairBatch, TrainData, pair_order, step_batch
 from hir_model.train.loader import Prefetcher
 from hir_model.train.loss import (
     DistillationLoss,
@@ -172,15 +172,18 @@ def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss
         targets = loss_fn.targets([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.levels))])
     acc = np.zeros(5)
     for i, sb in enumerate(batches):
-        b = len(sb.narrow.seeds)
+        b = sb.seeds
         with torch.set_grad_enabled(backward):
-            z, s_scores = model(collate(sb.narrow).to(device))  # (b, W), per level (b, K_l)
+            z_all, s_all = model(collate(sb.narrow).to(device))  # (b [+ pair batch], W), per level (b [+ ...], K_l)
+            z, s_scores = z_all[:b], [s[:b] for s in s_all]  # the distillation seeds
             mine = [t[i * b:(i + 1) * b] for t in targets]
             distill = loss_fn.distill(s_scores, mine)
             cons = loss_fn.consistency(s_scores, list(student.prototypes))
             p, sign = sb.pairs, torch.from_numpy(sb.sign).to(device)
             log_q = None if sb.log_q is None else torch.from_numpy(sb.log_q).to(device, torch.float32)
             eng = engagement_loss(z[:p], z[p:2 * p], sign, cfg.engagement_temp, log_q) if p else z.new_zeros(())
+            if sb.pair_batch is not None:
+                eng = eng + pair_batch_loss(z_all[b:], sb.pair_batch, cfg.engagement_temp, device)
             loss = cfg.distill_weight * distill + cfg.consistency_weight * cons + cfg.engagement_weight * eng
             swap = loss_fn.swap(s_scores, mine, p, sign) if cfg.swap_weight else z.new_zeros(())
             loss = loss + cfg.swap_weight * swap
@@ -188,6 +191,18 @@ def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss
             (loss / len(batches)).backward()
         acc += np.array([loss.item(), distill.item(), cons.item(), eng.item(), swap.item()]) / len(batches)
     return acc
+
+
+def pair_batch_loss(z: Tensor, pb: PairBatch, temp: float, device: torch.device) -> Tensor:
+    """The engagement term over a step's pair batch: z (2Q + M, W) holds its users, entities and shared negatives."""
+    q = len(pb.sign)
+    if not q:
+        return z.new_zeros(())
+    t = lambda a: None if a is None else torch.from_numpy(a).to(device)  # noqa: E731
+    log_q = None if pb.log_q is None else t(pb.log_q).float()
+    neg_log_q = None if pb.neg_log_q is None else t(pb.neg_log_q).float()
+    return engagement_loss(z[:q], z[q:2 * q], t(pb.sign), temp, log_q, weight=t(pb.weight), negatives=z[2 * q:],
+                           neg_log_q=neg_log_q, neg_is_pos=t(pb.neg_is_pos))
 
 
 def held_out_loss(student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, data: TrainData, cfg: TrainConfig,
@@ -227,6 +242,7 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
     rank, world = _dist()
     if world > 1:
         cfg = replace(cfg, shards=world)
+    cfg = replace(cfg, steps=cfg.window_steps(len(data.pair_user)))  # an epoch budget fixes the window's step count here
     torch.manual_seed(cfg.seed)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
@@ -264,7 +280,9 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
     start_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
     t0 = time.perf_counter()
     # the next steps' batches are sampled on a background thread while this one trains (the same batches: seeded by step)
-    with Prefetcher(lambda s: [step_batch(data, cfg, base_step + s, sh) for sh in shards], range(start, end)) as prefetch:
+    order = pair_order(data, cfg, base_step, cfg.steps) if cfg.epochs > 0 else None  # each step's window pairs
+    own = (lambda s: None) if order is None else (lambda s: order[s])  # noqa: E731
+    with Prefetcher(lambda s: [step_batch(data, cfg, base_step + s, sh, own(s)) for sh in shards], range(start, end)) as prefetch:
         for s, batches in zip(range(start, end), prefetch):
             for g in opt.param_groups:
                 g["lr"] = float(lrs[s])
@@ -290,7 +308,7 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
     backend = getattr(student.encoder.last_choice, "backend", "none")
     digest = hashlib.sha256(b"".join(v.detach().cpu().contiguous().numpy().tobytes() for v in student.state_dict().values()))
     result = TrainResult(window, base_step + end, end, start, warm, losses, parts, [], [], seconds,
-                         cfg.batch_size * (end - start) / max(seconds, 1e-9), backend, weights_digest=digest.hexdigest()[:16],
+                         (cfg.batch_size + 2 * cfg.pair_batch) * (end - start) / max(seconds, 1e-9), backend, weights_digest=digest.hexdigest()[:16],
                          held_out_start=start_loss, held_out_final=final_loss)
     if rank != 0:
         return result

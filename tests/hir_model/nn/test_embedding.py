@@ -104,3 +104,40 @@ def test_a_structural_encoding_adds_its_projection_and_old_configs_have_none():
     assert TrainConfig.from_dict(old).encoder.structure_dim == 0 and TokenEmbedding(EncoderConfig()).structure is None
     with pytest.raises(ValueError, match="structure_dim must be >= 0"):
         EncoderConfig(structure_dim=-1)
+
+
+def test_the_hashed_id_table_starts_at_zero_learns_per_id_and_skips_nodes_without_engagement():
+    from dataclasses import replace as dc_replace
+    rows = 1 << 12
+    plain, tabled = TokenEmbedding(EncoderConfig(strength_buckets=24)), TokenEmbedding(EncoderConfig(strength_buckets=24, id_table_rows=rows))
+    tabled.load_state_dict(plain.state_dict(), strict=False)
+    sampled = random_batch(np.random.default_rng(4), [5, 3])[0]
+    engaged = dc_replace(sampled, strength=np.where(np.arange(len(sampled.node)) % 2 == 0, 1.0, 0.0).astype(np.float32))
+    batch = collate(engaged)
+    with torch.no_grad():
+        torch.testing.assert_close(tabled(batch), plain(batch))  # zero at start: a fresh table changes nothing
+    tabled(batch).sum().backward()
+    grad = tabled.id_table.rows.weight.grad  # (rows, W)
+    codes = torch.from_numpy(engaged.hash_codes[engaged.strength > 0])
+    touched = torch.unique(torch.remainder(codes[:, :2], rows))
+    assert set(torch.nonzero(grad.abs().sum(-1)).squeeze(1).tolist()) == set(touched.tolist())  # only engaged nodes' rows
+    with torch.no_grad():
+        tabled.id_table.rows.weight.add_(1.0)
+        moved = tabled(batch) - plain(batch)  # (B, N, W): 2 rows of +1 each where engaged, nothing elsewhere
+    valid = torch.arange(batch.node_type.shape[1])[None, :] < torch.tensor([5, 3])[:, None]
+    strength = batch.strength
+    on, off = moved[valid & (strength > 0)], moved[valid & (strength == 0)]
+    torch.testing.assert_close(on, torch.full_like(on, 2.0))
+    torch.testing.assert_close(off, torch.zeros_like(off))
+
+
+@pytest.mark.parametrize("rows", [1 << 10, 1 << 14])
+def test_the_hashed_id_table_size_is_fixed_by_its_rows_not_the_vocabulary(rows):
+    embed = TokenEmbedding(EncoderConfig(id_table_rows=rows))
+    assert embed.id_table.rows.weight.shape == (rows, EncoderConfig().width)
+    assert n_params(embed) - n_params(TokenEmbedding(EncoderConfig())) == rows * EncoderConfig().width
+    with pytest.raises(ValueError, match="id_table_hashes"):
+        EncoderConfig(id_table_rows=rows, id_table_hashes=0)
+    old = EncoderConfig(id_table_rows=rows).__dict__ | {}
+    del old["id_table_rows"]  # a checkpoint's config from before the id table
+    assert EncoderConfig.from_dict(old).id_table_rows == 0
