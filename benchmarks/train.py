@@ -4,6 +4,7 @@ NMI of the learned level assignments vs the planted interests (with k-means on c
     .venv/bin/python benchmarks/train.py [--quick] [--source movielens|synthetic] [--windows N] [--steps S] [--no-global-tokens]
         [--store .hir/storage/synthetic]   # train on a demo's materialised graph + content_embeddings (MiniLM + CLIP)
         [--set field=value]                # any TrainConfig field
+        [--set budget='"cpu"']             # a named budget (hir_model.train.config.BUDGETS): epochs over each window's pairs
 
 Without --store the content vectors are a hashed TF-IDF stand-in (no model weights needed).
 
@@ -107,7 +108,7 @@ def main() -> None:
     cfg = with_overrides(cfg, parse_overrides(args.set))
     n_windows = args.windows or (2 if args.quick else 6)
     windows = WindowSpec.covering("weekly", *source.span()).windows()[:n_windows]
-    prev_graph, prev_ckpt, times, sps = None, None, [], []
+    prev_graph, prev_ckpt, times, sps, steps = None, None, [], [], []
     tmp = Path(tempfile.mkdtemp(prefix="hir-train-bench-"))
     for w in windows:
         if args.store:
@@ -125,11 +126,13 @@ def main() -> None:
         out = tmp / f"{w.key}.pt"
         r = train_window(data, cfg, out, prev_ckpt, w.key)
         prev_ckpt = out
-        times.append(r.seconds), sps.append(r.samples_per_s)
+        times.append(r.seconds), sps.append(r.samples_per_s), steps.append(r.window_steps)
         print(f"case=window key={w.key} nodes={prev_graph.num_nodes} pairs={len(user)} steps={r.window_steps} "
               f"seconds={r.seconds:.2f} samples_per_s={r.samples_per_s:.1f} first_loss={r.losses[0]:.3f} "
               f"last_loss={r.losses[-1]:.3f} usage_entropy={r.usage_entropy} usage_share={r.usage_share} backend={r.backend}", flush=True)
-    line = (f"case=summary source={args.source} windows={len(windows)} steps={cfg.steps} batch={cfg.batch_size} "
+    line = (f"case=summary source={args.source} windows={len(windows)} steps={cfg.steps} epochs={cfg.epochs} "
+            f"pair_batch={cfg.pair_batch} shared_negatives={cfg.shared_negatives} replay_share={cfg.replay_share} "
+            f"id_table_rows={cfg.encoder.id_table_rows} mean_steps_per_window={np.mean(steps):.1f} batch={cfg.batch_size} "
             f"global_tokens={cfg.global_tokens} content={not args.no_content} mean_seconds_per_window={np.mean(times):.2f} "
             f"mean_samples_per_s={np.mean(sps):.1f}")
     if args.source == "synthetic":
