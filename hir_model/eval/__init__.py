@@ -3,13 +3,14 @@
 split.py     window t's train set (everything before end(t)) and t+1's warm / cold users, targets, item groups
 metrics.py   Recall@K and NDCG@K over full rankings
 method.py    the `Method` protocol every ranked method implements (HIR plugs in as one more)
-popularity.py, content_knn.py, als.py, lightgcn.py, baselines.py   the baselines
-hir.py       HIR as a `Method`: window t's published embeddings, cold users through the frozen encoder
+popularity.py, content_knn.py, als.py, lightgcn.py, sequence.py, baselines.py   the baselines
+hir.py       HIR's three rows (hir: as served, hir_exact, hir_embeddings) through hir_model.rank's head
+stats.py, compare.py   paired bootstrap CIs over users; method-vs-method rows with a verdict
 agreement.py NMI / ARI of the hierarchy against planted interests; per-level primitive affinities (lift features)
 text_vectors.py  a hashed TF-IDF stand-in for content vectors when `content_embeddings` is not materialised
 lift.py      the downstream conversion model with and without an extra feature block
 run.py       evaluate_window(store, spec, key, methods) from the published tables
-window.py    one window as the `window_evaluation` asset computes it: HIR + baselines, lift, agreement, BoM, warm starts
-publish.py   the asset's files (metrics, summary, baseline state) and reading them back over windows
+window.py    one window as the `window_evaluation` asset computes it: HIR's rows + baselines, lift, agreement, warm starts
+publish.py   the asset's files (metrics, per-user values, summary, baseline state) and reading them back over windows
 report.py    markdown table, PNG plots, self-contained HTML over the published windows
 """
