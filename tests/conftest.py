@@ -47,7 +47,11 @@ def events_table(start: datetime, prefix: str, users=("u1", "u2"), products=("p1
 @pytest.fixture
 def byo(tmp_path: Path) -> Path:
     """A valid bring-your-own folder: two weekly windows, 12 events each."""
-    root = tmp_path / "byo"
+    return write_byo(tmp_path / "byo")
+
+
+def write_byo(root: Path) -> Path:
+    """The `byo` fixture's folder at `root` (for module-scoped users)."""
     (root / "catalog").mkdir(parents=True)
     pq.write_table(catalog_table(), root / "catalog" / "entities.parquet")
     (root / "relations").mkdir()

@@ -15,12 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import dagster as dg
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from data_contracts.schemas import RELATIONS_SCHEMA
-from tests.conftest import TS, W0, W1, catalog_table, events_table
+from tests.conftest import write_byo
 from tests.dagster_project.instances import free_port
 from tests.dagster_project.test_sensors import KEY, Receiver, plant_rejected_row
 
@@ -31,20 +28,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 pytestmark = pytest.mark.slow
-
-
-def write_byo(root: Path) -> Path:
-    """The conftest's bring-your-own folder (two weekly windows), built once for the module."""
-    (root / "catalog").mkdir(parents=True)
-    pq.write_table(catalog_table(), root / "catalog" / "entities.parquet")
-    (root / "relations").mkdir()
-    pq.write_table(pa.table({"src_id": ["c1"], "relation": ["promotes"], "dst_id": ["p1"], "first_seen_ts": pa.array([W0], TS)},
-                            schema=RELATIONS_SCHEMA), root / "relations" / "r.parquet")
-    for start, prefix in ((W0, "a"), (W1, "b")):
-        folder = root / "events" / start.strftime("%Y-%m-%d")
-        folder.mkdir(parents=True)
-        pq.write_table(events_table(start, prefix), folder / "part-0.parquet")
-    return root
 
 
 def sensor_state(instance: dg.DagsterInstance):
