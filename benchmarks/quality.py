@@ -78,9 +78,10 @@ from hir_model.data.source import Source  # noqa: E402
 from hir_model.data.tables import CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, build_catalog, build_events  # noqa: E402
 from hir_model.data.windows import WindowSpec  # noqa: E402
 from hir_model.eval.baselines import baselines  # noqa: E402
-from hir_model.eval.compare import compare, comparison_markdown  # noqa: E402
+from hir_model.eval.compare import compare  # noqa: E402
 from hir_model.rank.head import HeadConfig  # noqa: E402
-from hir_model.eval.report import evaluated, summary, write_report  # noqa: E402
+from hir_model.eval.pages import write_report  # noqa: E402
+from hir_model.eval.report import evaluated, summary  # noqa: E402
 from hir_model.eval.run import EvalConfig, evaluate_windows  # noqa: E402
 from hir_model.storage import PartitionStore  # noqa: E402
 

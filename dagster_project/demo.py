@@ -20,7 +20,7 @@ from dagster_project.schedules import WINDOW_JOB
 from hir_assets.adapter import ADAPTER_JOB
 from hir_assets.evaluation import EVALUATION_JOB
 from hir_assets.report import REPORT_ASSET, REPORT_JOB
-from hir_model.eval.report import print_last_window
+from hir_model.eval.pages import print_last_window
 from hir_model.train.adapter import OBJECTIVES
 from data_contracts import CONVERSION_EVENT
 from hir_model.config import load_config

@@ -20,8 +20,8 @@ from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.data.windows import CRON, WindowSpec
 from hir_model.eval.agreement import agreement_markdown
 from hir_model.eval.publish import EVALUATION_ASSET, collect, write_evaluation
-from hir_model.eval.report import (comparison_table, lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, report_path,
-                                   timing_table, user_band)
+from hir_model.eval.pages import comparison_table, report_path, user_band
+from hir_model.eval.report import lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, timing_table
 from hir_model.eval.run import CONTENT_ASSET
 from hir_model.eval.window import (BOM_ASSET, HEAD_ASSET, HIERARCHY_ASSET, WindowEvalConfig, WindowOutcome, evaluate_published_window,
                                    future_reads)

@@ -11,7 +11,7 @@ import dagster as dg
 from dagster_project.resources import PartitionStorage, SourceResource
 from hir_model.config import PROJECT_ROOT, HIRConfig
 from hir_model.eval.publish import EVALUATION_ASSET
-from hir_model.eval.report import git_commit, report_path, write_source_report
+from hir_model.eval.pages import git_commit, report_path, write_source_report
 
 GROUP = "evaluation"
 REPORT_ASSET = "evaluation_report"

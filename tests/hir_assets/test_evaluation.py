@@ -11,7 +11,7 @@ from dagster_project.partitions import window_partitions
 from dagster_project.resources import LocalPartitionStorage, SourceResource
 from hir_assets.evaluation import CAUSAL_READS_CHECK, HIR_EVALUATED_CHECK, build_evaluation_assets
 from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, STATE_FILE, read_evaluation
-from hir_model.eval.report import print_last_window, write_html_report
+from hir_model.eval.pages import print_last_window, write_html_report
 from hir_model.rank.head import HeadConfig
 from tests.hir_model.eval.hir_store import KEYS, SPEC, hir_store, publish_head
 

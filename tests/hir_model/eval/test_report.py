@@ -11,8 +11,9 @@ from hir_model.eval.als import ALSConfig
 from hir_model.eval.baselines import BaselinesConfig, baselines
 from hir_model.eval.lightgcn import LightGCNConfig
 from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, SUMMARY_FILE, summary_table
-from hir_model.eval.report import (comparison_table, evaluated, git_commit, plot_per_method, print_last_window, report_path,
-                                   user_band, write_source_report)
+from hir_model.eval.pages import (comparison_table, git_commit, print_last_window, report_path, user_band,
+                                  write_source_report)
+from hir_model.eval.report import evaluated, plot_per_method
 from hir_model.eval.run import EvalConfig, evaluate_windows
 from hir_model.storage import PartitionStore
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store

@@ -8,7 +8,8 @@ import torch
 from hir_model.eval.als import ALSConfig
 from hir_model.eval.baselines import BaselinesConfig, baselines
 from hir_model.eval.lightgcn import LightGCNConfig
-from hir_model.eval.report import markdown_table, summary, write_report
+from hir_model.eval.pages import write_report
+from hir_model.eval.report import markdown_table, summary
 from hir_model.eval.run import EvalConfig, WindowEvaluation, WindowSkipped, evaluate_windows
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
 
