@@ -130,9 +130,9 @@ def synthetic_world(n_items: int, n_users: int, dim: int = 64, interests: int = 
     for level, k in enumerate((64, 1024)):
         km = faiss.Kmeans(dim, k, niter=8, seed=seed, spherical=True)
         km.train(np.ascontiguousarray(vectors[rng.choice(n_items, min(n_items, 40 * k), replace=False)]))
-        sims, top = faiss.IndexFlatIP(dim), None
-        sims.add(km.centroids)
-        s, top = sims.search(np.ascontiguousarray(everything), 3)
+        nearest = faiss.IndexFlatIP(dim)
+        nearest.add(km.centroids)
+        s, top = nearest.search(np.ascontiguousarray(everything), 3)
         w = np.exp(s / 0.1)
         w /= w.sum(1, keepdims=True)
         rows.append(pa.table({"entity_id": pa.array(list(np.repeat(entity_ids, 3)), pa.string()),

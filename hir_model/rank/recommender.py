@@ -23,7 +23,7 @@ import numpy as np
 
 from hir_model.eval.metrics import Ragged
 from hir_model.eval.split import ItemSpace, Queries, warm_queries
-from hir_model.rank.head import HeadConfig, context_weights, head_scores, kernel_items, warm_query
+from hir_model.rank.head import HeadConfig, head_scores, kernel_items, warm_query
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head
 from hir_model.retrieval.index import DEFAULT_PROBE_FACTOR, Hit
 
@@ -150,8 +150,7 @@ class Recommender:
 
     def embed(self, queries: Queries) -> np.ndarray:
         """(Q, W) the frozen encoder's vectors of users from their context (rows of the head's items)."""
-        inductive = self.inductive
-        return inductive.embed_cold(queries, self.item_space(inductive))
+        return self.inductive.embed_cold(queries, self.item_space())
 
     @property
     def inductive(self):
@@ -162,7 +161,7 @@ class Recommender:
                 self._inductive = self._inductive_loader()
             return self._inductive
 
-    def item_space(self, inductive=None) -> ItemSpace:
+    def item_space(self) -> ItemSpace:
         """The head's items as an item space (all known by end(t))."""
         n = self.state.n_items
         return ItemSpace(self.state.item_ids, n, np.full(n, -1, np.int64), np.zeros(0, object))
@@ -208,13 +207,14 @@ class Recommender:
         return out
 
     def top(self, batch: Batch, k: int, exact: bool = False, include_seen: bool = False,
-            probe_factor: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per query, (item rows, scores) of its top k, best first (ties: lower row first)."""
+            probe_factor: float | None = None, candidates: list[np.ndarray] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query, (item rows, scores) of its top k, best first (ties: lower row first); `candidates`: what
+        `candidates(batch, k, probe_factor, include_seen)` returned, when the caller has it already."""
         seen = batch.queries.context
         if exact:
             all_scores = self.scores(batch)
         out = []
-        cands = None if exact else self.candidates(batch, k, probe_factor, include_seen)
+        cands = None if exact else candidates or self.candidates(batch, k, probe_factor, include_seen)
         for q in range(len(batch.queries)):
             if exact:
                 rows, s = np.arange(self.state.n_items), all_scores[q]
@@ -267,4 +267,4 @@ def user_rows(emb, user_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, idx >= 0
 
 
-__all__ = ["Batch", "ContextEvent", "Hit", "Recommender", "UnknownUser", "context_weights", "user_rows"]
+__all__ = ["Batch", "ContextEvent", "Hit", "Recommender", "UnknownUser", "user_rows"]

@@ -14,7 +14,7 @@ Files under `ranking_head/<t>/`:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -175,7 +175,3 @@ def read_head(folder: Path) -> HeadState:
                      _optional_matrix(items["structure"]), float(meta["prior_weight"]), float(meta["temp"]), history, calibration,
                      float(meta["prior_floor"]), float(meta["cold_prior_floor"]))
 
-
-def with_config(state: HeadState, config: HeadConfig) -> HeadState:
-    """The same fitted state scored with other shares (the prior weight stays the fitted one)."""
-    return replace(state, config=config)

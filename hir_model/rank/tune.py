@@ -38,9 +38,9 @@ def served_recall(rec: Recommender, users: list[str], k: int = 100, probe_factor
     if exact_top is None:
         exact_top = [rows for rows, _ in rec.top(batch, k, exact=True)]
     t1 = time.perf_counter()
-    served = rec.top(batch, k, probe_factor=probe_factor)
+    cands = rec.candidates(batch, k, probe_factor)  # what the head scores: the engaged items are never scored
+    served = rec.top(batch, k, probe_factor=probe_factor, candidates=cands)
     t2 = time.perf_counter()
-    cands = rec.candidates(batch, k, probe_factor)  # what the head scored: the engaged items are never scored
     found = [len(np.intersect1d(e, s[0])) / len(e) for e, s in zip(exact_top, served) if len(e)]
     return RecallReport(float(np.mean(found)) if found else 1.0, k, len(users), rec.state.n_items,
                         float(np.mean([len(c) for c in cands])), len(users) / max(t2 - t1, 1e-9), len(users) / max(t1 - t0, 1e-9))
