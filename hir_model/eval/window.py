@@ -32,10 +32,11 @@ from hir_model.eval.publish import (EVALUATION_ASSET, STATE_FILE, load_states, m
                                     restore_state)
 from hir_model.eval.run import CONTENT_ASSET, EvalConfig, TableReader, WindowEvaluation, WindowSkipped, evaluate_window
 from hir_model.eval.split import to_us
+from hir_model.rank.state import HEAD_ASSET
 
 log = logging.getLogger("hir")
 
-HIERARCHY_ASSET, ASSIGNMENTS_FILE, BOM_ASSET, HEAD_ASSET = "interest_hierarchy", "assignments", "bom_index", "ranking_head"
+HIERARCHY_ASSET, ASSIGNMENTS_FILE, BOM_ASSET = "interest_hierarchy", "assignments", "bom_index"
 HIR_ROWS = ("hir", "hir_exact", "hir_embeddings")
 ALL_METHODS = HIR_ROWS + ("popularity", "item2item_recent", "content", "mf_als", "lightgcn")
 NEXT_WINDOW_ASSETS = (EVENTS_ASSET, CATALOG_ASSET, CONTENT_ASSET)  # the only assets whose t+1 partition may be read
