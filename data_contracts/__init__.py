@@ -13,7 +13,8 @@ a file and across files alike, so a valid row is never dropped for repeating the
 something else. File-level breaks (`ContractError`) fail the run; data_contracts/README.md lists them.
 """
 
-from data_contracts.contract import Contract, ContractError, RuleResult
+from data_contracts.contract import Contract, RuleResult
+from data_contracts.errors import ContractError
 from data_contracts.options import OPTIONS_FILE, ContractOptions, load_options
 from data_contracts.rules import Rule
 from data_contracts.schemas import CATALOG_SCHEMA, EVENTS_SCHEMA, RELATIONS_SCHEMA

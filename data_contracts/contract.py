@@ -11,28 +11,15 @@ import os
 import warnings
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
+from data_contracts.errors import ContractError
+from data_contracts.options import OPTIONS_FILE, ContractOptions
 from data_contracts.rules import Rule
 
-if TYPE_CHECKING:
-    from data_contracts.options import ContractOptions
-
 SAMPLE = 5  # offending rows quoted in an error message
-
-
-class ContractError(ValueError):
-    """A whole input file (or a window's layout) breaks a contract: missing columns, uncastable values,
-    undeclared timestamp encodings, an unreadable file, a misnamed or stray folder, a dangling link.
-
-    The message names the file, the rule, the number of rows affected and, where there are rows, a sample.
-    """
-
-    def __init__(self, origin: str, rule: str, rows: int, detail: str):
-        self.origin, self.rule, self.rows, self.detail = origin, rule, rows, detail
-        super().__init__(f"{origin}: rule '{rule}' broken ({rows} rows): {detail}")
 
 
 @dataclass(frozen=True)
@@ -99,8 +86,6 @@ class Contract:
 
     def _timestamps(self, col: pa.ChunkedArray, name: str, origin: str, notes: list[str] | None) -> pa.ChunkedArray:
         """Integers with the declared unit become UTC timestamps; naive timestamps become UTC with assume_utc; else refused."""
-        from data_contracts.options import OPTIONS_FILE, ContractOptions
-
         options = self.options or ContractOptions()
         if pa.types.is_integer(col.type):
             if options.ts_unit is None:

@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from data_contracts.contract import ContractError
+from data_contracts.errors import ContractError
 
 OPTIONS_FILE = "contract.toml"
 TS_UNITS = ("s", "ms", "us", "ns")
