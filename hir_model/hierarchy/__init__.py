@@ -1,12 +1,12 @@
 """Interest hierarchy: soft top-k assignments to each level's prototypes (primitives), the super-graph of primitives,
 stable primitive ids across windows (Hungarian matching), the adjusted Rand index, and labels from distinctive words.
 
-Public API: `AssignConfig`, `LevelAssignment`, `soft_assign`, `primitive_centroids`; `Matching`, `match_prototypes`, `adjusted_rand_index`;
+Public API: `AssignConfig`, `LevelAssignment`, `soft_assign`; `Matching`, `match_prototypes`, `adjusted_rand_index`;
 `SuperGraph`, `engagement_pairs`, `super_graph`; `distinctive_words`; `HierarchyConfig`, `Hierarchy`, `build_hierarchy`,
 `catalog_texts`, and the file names `ASSIGNMENTS_FILE`, `PRIMITIVES_FILE`, `SUPER_GRAPH_FILE`.
 """
 
-from hir_model.hierarchy.assign import AssignConfig, LevelAssignment, primitive_centroids, soft_assign
+from hir_model.hierarchy.assign import AssignConfig, LevelAssignment, soft_assign
 from hir_model.hierarchy.build import (ASSIGNMENTS_FILE, PRIMITIVES_FILE, SUPER_GRAPH_FILE, Hierarchy, HierarchyConfig,
                                        build_hierarchy, catalog_texts)
 from hir_model.hierarchy.labels import distinctive_words
@@ -15,4 +15,4 @@ from hir_model.hierarchy.supergraph import SuperGraph, engagement_pairs, super_g
 
 __all__ = ["ASSIGNMENTS_FILE", "PRIMITIVES_FILE", "SUPER_GRAPH_FILE", "AssignConfig", "Hierarchy", "HierarchyConfig",
            "LevelAssignment", "Matching", "SuperGraph", "adjusted_rand_index", "build_hierarchy", "catalog_texts",
-           "distinctive_words", "engagement_pairs", "match_prototypes", "primitive_centroids", "soft_assign", "super_graph"]
+           "distinctive_words", "engagement_pairs", "match_prototypes", "soft_assign", "super_graph"]

@@ -18,10 +18,11 @@ import pyarrow.compute as pc
 from hir_model.content import to_matrix
 from hir_model.embed import EntityEmbeddings
 from hir_model.graph.csr import Graph
-from hir_model.hierarchy.assign import AssignConfig, LevelAssignment, primitive_centroids, soft_assign
+from hir_model.hierarchy.assign import AssignConfig, LevelAssignment, soft_assign
 from hir_model.hierarchy.labels import distinctive_words
 from hir_model.hierarchy.stable_ids import Matching, adjusted_rand_index, match_prototypes
 from hir_model.hierarchy.supergraph import SuperGraph, engagement_pairs, super_graph
+from hir_model.train.centroids import primitive_centroids
 
 ASSIGNMENTS_FILE, PRIMITIVES_FILE, SUPER_GRAPH_FILE = "assignments", "primitives", "super_graph"
 

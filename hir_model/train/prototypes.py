@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from hir_model.hierarchy.assign import primitive_centroids
+from hir_model.train.centroids import primitive_centroids
 from hir_model.train.config import TrainConfig
 from hir_model.train.data import TrainData
 from hir_model.train.loss import usage_stats
@@ -42,7 +42,7 @@ def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: 
     """Place prototypes where the data is before a window trains. Fresh model: k-means of the teacher's embeddings of
     a sample of active nodes, finest level first, each coarser level clustering the level below's centroids (so the
     hierarchy starts consistent). Warm start: every level takes `refine_iters` spherical k-means steps over those
-    embeddings seeded by itself (hir_model.hierarchy.assign.primitive_centroids), a prototype no node is nearest to
+    embeddings seeded by itself (hir_model.train.centroids.primitive_centroids), a prototype no node is nearest to
     (dead: it gets no gradient from the balanced targets' argmax) re-seeded; each keeps its row, so ids stay matched.
     A level where a fresh k-means run fits those embeddings clearly better takes that run instead (`restarted`).
 

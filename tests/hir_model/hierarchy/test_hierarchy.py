@@ -8,7 +8,8 @@ import pytest
 
 from hir_model.embed import embed_entities, embeddings_table, read_embeddings
 from hir_model.hierarchy import (AssignConfig, HierarchyConfig, adjusted_rand_index, build_hierarchy, distinctive_words,
-                                 match_prototypes, primitive_centroids, soft_assign, super_graph)
+                                 match_prototypes, soft_assign, super_graph)
+from hir_model.train.centroids import primitive_centroids
 from tests.hir_model.graph.graphs import AS_OF
 from tests.hir_model.retrieval.fixtures import WIDTH, tiny_model, tiny_world
 

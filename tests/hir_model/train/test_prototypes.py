@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hir_model.hierarchy.assign import primitive_centroids
+from hir_model.train.centroids import primitive_centroids
 from hir_model.train.config import TrainConfig
 from hir_model.train.prototypes import fit, restarted
 
