@@ -119,10 +119,14 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
     training summary."""
     from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
     from hir_model.graph.window import build_window_graph, to_us
-    from hir_model.hierarchy.window import (CHECKPOINT_FILE, CONTENT_ASSET, CONTENT_FILE, EMBEDDINGS_ASSET, ENCODER_ASSET,
-                                            checkpoint_path, embed_window, window_train_data)
+    from hir_model.train.checkpoint import CHECKPOINT_FILE, ENCODER_ASSET, checkpoint_path
+    from hir_model.content import CONTENT_ASSET, CONTENT_FILE
+    from hir_model.embed import EMBEDDINGS_ASSET
+    from hir_model.embed.entity_embeddings import embed_window
+    from hir_model.train.window_data import window_train_data
     from hir_model.eval.text_vectors import stand_in_table
-    from hir_model.hierarchy.window import HIERARCHY_ASSET, hierarchy_window
+    from hir_model.hierarchy.build import HIERARCHY_ASSET
+    from hir_model.hierarchy.interest_hierarchy import hierarchy_window
     from hir_model.rank.state import HEAD_ASSET, write_head
     from hir_model.rank.window import build_head_state
     from hir_model.retrieval.window import BOM_ASSET, build_window_index

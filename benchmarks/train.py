@@ -34,7 +34,7 @@ from hir_model.train.checkpoint import load_checkpoint  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
 from hir_model.eval.text_vectors import stand_in_table  # noqa: E402
-from hir_model.hierarchy.window import window_train_data  # noqa: E402
+from hir_model.train.window_data import window_train_data  # noqa: E402
 from hir_model.storage import PartitionStore  # noqa: E402
 from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs  # noqa: E402
 from hir_model.train.model import HIRModel  # noqa: E402

@@ -14,7 +14,7 @@ import dagster as dg
 from dagster_project.resources import PartitionStorage
 from hir_model.data.tables import EVENTS_ASSET
 from hir_model.data.windows import Window, utc
-from hir_model.hierarchy.window import EMBEDDINGS_ASSET
+from hir_model.embed import EMBEDDINGS_ASSET
 from hir_model.train.adapter import OBJECTIVES, AdapterConfig
 from hir_model.train.adapter_window import ADAPTER_ASSET, adapt_window, write_adapter
 

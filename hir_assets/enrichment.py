@@ -6,14 +6,13 @@ import pyarrow as pa
 
 from dagster_project.content_resources import ContentModels
 from dagster_project.resources import PartitionStorage, SourceResource
-from hir_model.content import (CATALOG_CLIP, embed_window, embedding_report, interest_agreement, load_checkpoint, refresh,
-                               write_checkpoint)
+from hir_model.content import (CATALOG_CLIP, CONTENT_ASSET, CONTENT_FILE, embed_window, embedding_report, interest_agreement,
+                               load_checkpoint, refresh, write_checkpoint)
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE
 from hir_model.storage import PartitionStore
 
 GROUP = "enrichment"
-CLIP_ASSET, CONTENT_ASSET = "catalog_clip", "content_embeddings"
-CHECKPOINT_FILE, STATUS_FILE, EMBEDDINGS_FILE = "checkpoint.pt", "status", "embeddings"
+CLIP_ASSET, CHECKPOINT_FILE, STATUS_FILE = "catalog_clip", "checkpoint.pt", "status"  # the asset and its files
 COVERAGE_CHECK, FINITE_CHECK, UNIT_NORM_CHECK = "coverage", "finite", "unit_norm"
 DIMENSION_CHECK, VERSION_CHECK, INTEREST_CHECK = "dimension", "single_encoder_version", "interest_agreement"
 CLIP_LOSS_CHECK = "loss_decreased"
@@ -117,8 +116,8 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
         catalog = store.read(CATALOG_ASSET, key, ENTITIES_FILE)
         clip_status = store.read(CLIP_ASSET, key, STATUS_FILE).to_pylist()[0]  # (fails clearly if catalog_clip did not run)
         checkpoint = store.partition_dir(CLIP_ASSET, key) / CHECKPOINT_FILE
-        prev_key = _latest_before(store, CONTENT_ASSET, key, f"{EMBEDDINGS_FILE}.parquet")
-        previous = store.read(CONTENT_ASSET, prev_key, EMBEDDINGS_FILE) if prev_key else None
+        prev_key = _latest_before(store, CONTENT_ASSET, key, f"{CONTENT_FILE}.parquet")
+        previous = store.read(CONTENT_ASSET, prev_key, CONTENT_FILE) if prev_key else None
         build = embed_window(catalog, models, checkpoint if checkpoint.is_file() else None, previous,
                              _progress(context, CONTENT_ASSET), config.force_reembed)
         report = embedding_report(build.table, catalog.column("entity_id"))
@@ -126,7 +125,7 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
         truth = src.ground_truth.entities if hasattr(src, "ground_truth") else None
         agreement = interest_agreement(build.table, truth, NEIGHBOURS) if truth is not None else {}
         with store.writing() as staging:
-            staging.write_table(CONTENT_ASSET, key, EMBEDDINGS_FILE, build.table)
+            staging.write_table(CONTENT_ASSET, key, CONTENT_FILE, build.table)
         for problem in build.problems[:10]:
             context.log.warning(problem)
         context.log.info(f"{CONTENT_ASSET} {key}: {build.new} new, {build.changed} changed, {build.version_changed} re-embedded "

@@ -16,17 +16,20 @@ import pyarrow.parquet as pq
 
 from dagster_project.partitions import window_of
 from dagster_project.resources import PartitionStorage, SourceResource
+from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.data.windows import CRON, WindowSpec
+from hir_model.embed import EMBEDDINGS_ASSET
 from hir_model.eval.agreement import agreement_markdown
 from hir_model.eval.publish import EVALUATION_ASSET, collect, write_evaluation
 from hir_model.eval.pages import comparison_table, report_path, user_band
 from hir_model.eval.report import lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, timing_table
-from hir_model.eval.run import CONTENT_ASSET
-from hir_model.eval.window import (BOM_ASSET, HEAD_ASSET, HIERARCHY_ASSET, WindowEvalConfig, WindowOutcome, evaluate_published_window,
-                                   future_reads)
+from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
 from hir_model.graph.window import GRAPH_ASSET
-from hir_model.hierarchy.window import EMBEDDINGS_ASSET, ENCODER_ASSET
+from hir_model.hierarchy.build import HIERARCHY_ASSET
+from hir_model.rank.state import HEAD_ASSET
+from hir_model.retrieval.index import BOM_ASSET
+from hir_model.train.checkpoint import ENCODER_ASSET
 
 GROUP = "evaluation"
 EVALUATION_JOB = "window_evaluation_job"

@@ -6,12 +6,15 @@ import numpy as np
 
 from dagster_project.partitions import window_of
 from dagster_project.resources import PartitionStorage
+from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET
-from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
+from hir_model.embed import EMBEDDINGS_ASSET, EMBEDDINGS_FILE, EmbedConfig, embeddings_table
+from hir_model.embed.entity_embeddings import embed_window, unit_norm_error
 from hir_model.graph.window import GRAPH_ASSET, to_us
-from hir_model.hierarchy import ASSIGNMENTS_FILE, PRIMITIVES_FILE, SUPER_GRAPH_FILE, AssignConfig, HierarchyConfig
-from hir_model.hierarchy.window import (CONTENT_ASSET, EMBEDDINGS_ASSET, ENCODER_ASSET, HIERARCHY_ASSET, embed_window,
-                                        hierarchy_window, unit_norm_error)
+from hir_model.hierarchy import (ASSIGNMENTS_FILE, HIERARCHY_ASSET, PRIMITIVES_FILE, SUPER_GRAPH_FILE, AssignConfig,
+                                 HierarchyConfig)
+from hir_model.hierarchy.interest_hierarchy import hierarchy_window
+from hir_model.train.checkpoint import ENCODER_ASSET
 
 GROUP = "hierarchy"
 FINITE_UNIT_CHECK = "embeddings_finite_unit_norm"

@@ -12,13 +12,14 @@ import dagster as dg
 import numpy as np
 
 from dagster_project.resources import PartitionStorage
+from hir_model.content import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import EVENTS_ASSET, EVENTS_FILE
 from hir_model.graph.window import GRAPH_ASSET
 from hir_model.storage import PartitionStore
+from hir_model.train.checkpoint import CHECKPOINT_FILE, ENCODER_ASSET
 
 GROUP = "training"
-ENCODER_ASSET, CONTENT_ASSET = "hir_encoder", "content_embeddings"
-CHECKPOINT_FILE, METRICS_FILE = "checkpoint.pt", "metrics.json"
+METRICS_FILE = "metrics.json"
 LOSS_CHECK, COLLAPSE_CHECK, REPRODUCE_CHECK = "loss_finite_and_decreased", "no_level_collapsed", "checkpoint_reproduces_probe"
 WARM_LOSS_TOLERANCE = 0.02  # a warm-started window's held-out loss may end at most 2% above where it started
 MIN_USAGE_ENTROPY = 0.2  # normalised prototype-usage entropy per level below this = collapsed
@@ -130,7 +131,7 @@ def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: 
         key, store = context.partition_key, storage.store()
         graph_dir = store.partition_dir(GRAPH_ASSET, key)
         events = store.partition_dir(EVENTS_ASSET, key) / f"{EVENTS_FILE}.parquet"
-        content = store.partition_dir(CONTENT_ASSET, key) / "embeddings.parquet"
+        content = store.partition_dir(CONTENT_ASSET, key) / f"{CONTENT_FILE}.parquet"
         previous = _latest_before(store, key)
         scratch = store.root / ENCODER_ASSET / f".running-{key}"  # survives a killed run: the next one resumes from it
         scratch.mkdir(parents=True, exist_ok=True)

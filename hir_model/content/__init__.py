@@ -9,6 +9,8 @@ Public API
 - Quality: `embedding_report`, `interest_agreement`, `neighbour_agreement`, `chance_agreement`.
 - `ModelNotFoundError`: a configured model folder, file, name or tag that is not on this machine.
 
+- The published table: `CONTENT_ASSET`, `CONTENT_FILE`; `to_matrix` reads its vector column.
+
 Imports are lazy (PEP 562): `to_matrix` and the other light names do not pull in transformers, open_clip and
 torchvision (3 s of imports in every training subprocess otherwise); a tower loads when its name is first used.
 """
@@ -28,7 +30,7 @@ _MODULE_OF = {
     **dict.fromkeys(["EmbeddingReport", "chance_agreement", "embedding_report", "interest_agreement",
                      "neighbour_agreement"], "quality"),
     **dict.fromkeys(["ModelNotFoundError", "TextEncoder", "TextEncoderConfig", "packaged_model_dir"], "text"),
-    "to_matrix": "vectors",
+    **dict.fromkeys(["CONTENT_ASSET", "CONTENT_FILE", "to_matrix"], "vectors"),
 }
 
 
@@ -46,7 +48,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "CATALOG_CLIP", "NO_IMAGES", "CatalogClipConfig", "ClipCheckpoint", "ClipRefresh", "ClipTraining", "ContentBuild",
+    "CATALOG_CLIP", "CONTENT_ASSET", "CONTENT_FILE", "NO_IMAGES", "CatalogClipConfig", "ClipCheckpoint", "ClipRefresh", "ClipTraining", "ContentBuild",
     "ContentConfig", "EmbeddingReport", "Encoders", "FusionConfig", "ImageEncoder", "ImageEncoderConfig",
     "ModelNotFoundError", "TextEncoder", "TextEncoderConfig", "chance_agreement", "content_schema", "embed_catalog",
     "embed_window", "embedding_report", "export_local_dir", "fuse", "interest_agreement", "load_checkpoint", "load_encoders", "load_image_encoder",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+CONTENT_ASSET, CONTENT_FILE = "content_embeddings", "embeddings"  # the asset and its published table
+
 
 def to_matrix(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """A fixed_size_list<float32> column as ((N, D) float32 with NaN rows for nulls, (N,) bool valid)."""

@@ -26,7 +26,7 @@ from hir_model.train.checkpoint import TrainedModel
 from hir_model.train.config import TRAIN_BROAD
 
 EMBEDDED_TYPES = ("user", "product", "advertiser", "campaign")
-EMBEDDINGS_FILE = "embeddings"
+EMBEDDINGS_ASSET, EMBEDDINGS_FILE = "entity_embeddings", "embeddings"  # the asset and its published table
 
 
 def embeddings_schema(dim: int) -> pa.Schema:

@@ -29,19 +29,22 @@ class WindowArtefacts:
 def missing_artefacts(store, key: str) -> str | None:
     """Why window `key` has no HIR artefacts to evaluate (None: they are all there)."""
     from hir_model.embed import EMBEDDINGS_FILE
-    from hir_model.hierarchy.window import EMBEDDINGS_ASSET, checkpoint_path
+    from hir_model.embed import EMBEDDINGS_ASSET
+    from hir_model.train.checkpoint import ENCODER_ASSET, checkpoint_path
 
     if not store.exists(EMBEDDINGS_ASSET, key, EMBEDDINGS_FILE):
         return f"{EMBEDDINGS_ASSET} for {key} is not materialised"
-    if not store.exists("hir_encoder", key) or not checkpoint_path(store, key).is_file():
-        return f"hir_encoder for {key} is not materialised"
+    if not store.exists(ENCODER_ASSET, key) or not checkpoint_path(store, key).is_file():
+        return f"{ENCODER_ASSET} for {key} is not materialised"
     return None
 
 
 def load_artefacts(store, key: str, end_us: int) -> WindowArtefacts:
     """Window `key`'s published embeddings, checkpoint, graph and content table (the graph and content when present)."""
     from hir_model.graph.window import has_graph, load_window_graph
-    from hir_model.hierarchy.window import CONTENT_ASSET, CONTENT_FILE, checkpoint_path, load_embeddings, window_model
+    from hir_model.content import CONTENT_ASSET, CONTENT_FILE
+    from hir_model.train.checkpoint import checkpoint_path, window_model
+    from hir_model.embed.entity_embeddings import load_embeddings
     from hir_model.train.checkpoint import load_checkpoint
 
     model = window_model(store, key)

@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hir_model.content import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import Window, WindowSpec
 from hir_model.eval.lift import LiftConfig, LiftResult, PairFeatures, conversion_lift, pair_features
@@ -32,7 +33,6 @@ from hir_model.eval.text_vectors import TextVectorConfig, entity_text, text_vect
 
 log = logging.getLogger("hir")
 
-CONTENT_ASSET, CONTENT_FILE = "content_embeddings", "embeddings"  # the content asset's published table
 TEXT_COLUMNS = ["title", "description", "category"]
 USER_METRICS = ("recall@20", "ndcg@20")  # the per-user values published beside the means (to_user_table)
 USER_COLUMNS = ["window", "method", "users", "items", "target", "user_id", "metric", "value"]  # to_user_table's

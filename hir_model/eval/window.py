@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import pyarrow as pa
 
+from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import WindowSpec
 from hir_model.eval.agreement import LevelAgreement, planted_agreement, primitive_affinity
@@ -30,13 +31,17 @@ from hir_model.eval.lift import PairFeatures
 from hir_model.eval.method import Method
 from hir_model.eval.publish import (EVALUATION_ASSET, STATE_FILE, load_states, method_state, previous_state_key,
                                     restore_state)
-from hir_model.eval.run import CONTENT_ASSET, EvalConfig, TableReader, WindowEvaluation, WindowSkipped, evaluate_window
+from hir_model.eval.run import EvalConfig, TableReader, WindowEvaluation, WindowSkipped, evaluate_window
 from hir_model.eval.split import to_us
+from hir_model.embed import EMBEDDINGS_ASSET
+from hir_model.graph.window import GRAPH_ASSET
+from hir_model.hierarchy.build import ASSIGNMENTS_FILE, HIERARCHY_ASSET
 from hir_model.rank.state import HEAD_ASSET
+from hir_model.retrieval.index import BOM_ASSET
+from hir_model.train.checkpoint import ENCODER_ASSET
 
 log = logging.getLogger("hir")
 
-HIERARCHY_ASSET, ASSIGNMENTS_FILE, BOM_ASSET = "interest_hierarchy", "assignments", "bom_index"
 HIR_ROWS = ("hir", "hir_exact", "hir_embeddings")
 ALL_METHODS = HIR_ROWS + ("popularity", "item2item_recent", "content", "mf_als", "lightgcn")
 NEXT_WINDOW_ASSETS = (EVENTS_ASSET, CATALOG_ASSET, CONTENT_ASSET)  # the only assets whose t+1 partition may be read
@@ -96,8 +101,8 @@ def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int
     inductive = InductiveEncoder(artefacts)
     state = read_head(store.partition_dir(HEAD_ASSET, key))
     rows, has = user_rows(artefacts.embeddings, state.history.user_ids)
-    opened = [(HEAD_ASSET, key), ("hir_encoder", key), ("entity_embeddings", key)]
-    opened += [("engagement_graph", key)] if artefacts.graph is not None else []
+    opened = [(HEAD_ASSET, key), (ENCODER_ASSET, key), (EMBEDDINGS_ASSET, key)]
+    opened += [(GRAPH_ASSET, key)] if artefacts.graph is not None else []
     opened += [(CONTENT_ASSET, key)] if artefacts.content is not None else []
     retriever = None
     status = {"evaluated": True, "model_version": artefacts.model.version, "head": state.summary(),

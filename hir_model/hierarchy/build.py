@@ -24,6 +24,7 @@ from hir_model.hierarchy.stable_ids import Matching, adjusted_rand_index, match_
 from hir_model.hierarchy.supergraph import SuperGraph, engagement_pairs, super_graph
 from hir_model.train.centroids import primitive_centroids
 
+HIERARCHY_ASSET = "interest_hierarchy"
 ASSIGNMENTS_FILE, PRIMITIVES_FILE, SUPER_GRAPH_FILE = "assignments", "primitives", "super_graph"
 
 

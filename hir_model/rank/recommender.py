@@ -86,7 +86,7 @@ class Recommender:
     def load(cls, store, window: str, config: HeadConfig | None = None) -> Recommender:
         """Window `window`'s ranking head, users' rows and BoM index from the store; FileNotFoundError naming what is
         missing (and which windows are materialised)."""
-        from hir_model.hierarchy.window import load_embeddings
+        from hir_model.embed.entity_embeddings import load_embeddings
         from hir_model.retrieval.window import BOM_ASSET, load_probe_factor, load_retriever
 
         for asset in (HEAD_ASSET, BOM_ASSET):

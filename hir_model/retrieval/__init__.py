@@ -4,16 +4,16 @@ takes its candidates from) and `Retriever.similar` (items like an entity, by dot
 
 Public API: `TOKENS_SCHEMA`, `POSTINGS_SCHEMA`, `bom_tokens`, `build_postings`, `PostingStats`, `posting_cap`,
 `read_postings`, `token_name`; `IndexConfig`, `build_faiss`, `write_index`, `Codebook`, `read_codebooks`, `Retriever`,
-`Hit`; file names `TOKENS_FILE`, `POSTINGS_FILE`, `ITEMS_FILE`, `FAISS_FILE`, `CODEBOOK_FILE`, `PROBE_FILE`;
-`DEFAULT_PROBE_FACTOR`.
+`Hit`; the asset name `BOM_ASSET` and its file names `TOKENS_FILE`, `POSTINGS_FILE`, `ITEMS_FILE`, `FAISS_FILE`,
+`CODEBOOK_FILE`, `PROBE_FILE`; `DEFAULT_PROBE_FACTOR`.
 """
 
-from hir_model.retrieval.index import (CODEBOOK_FILE, DEFAULT_PROBE_FACTOR, FAISS_FILE, ITEMS_FILE, PROBE_FILE, Codebook, Hit,
-                                       IndexConfig, Retriever, build_faiss, read_codebooks, write_index)
+from hir_model.retrieval.index import (BOM_ASSET, CODEBOOK_FILE, DEFAULT_PROBE_FACTOR, FAISS_FILE, ITEMS_FILE, PROBE_FILE,
+                                       Codebook, Hit, IndexConfig, Retriever, build_faiss, read_codebooks, write_index)
 from hir_model.retrieval.tokens import (POSTINGS_FILE, POSTINGS_SCHEMA, TOKENS_FILE, TOKENS_SCHEMA, PostingStats, bom_tokens,
                                         build_postings, posting_cap, read_postings, token_name)
 
-__all__ = ["CODEBOOK_FILE", "DEFAULT_PROBE_FACTOR", "FAISS_FILE", "ITEMS_FILE", "POSTINGS_FILE", "POSTINGS_SCHEMA",
-           "PROBE_FILE", "TOKENS_FILE", "TOKENS_SCHEMA", "Codebook", "Hit", "IndexConfig", "PostingStats", "Retriever",
-           "bom_tokens", "build_faiss", "build_postings", "posting_cap", "read_codebooks", "read_postings", "token_name",
-           "write_index"]
+__all__ = ["BOM_ASSET", "CODEBOOK_FILE", "DEFAULT_PROBE_FACTOR", "FAISS_FILE", "ITEMS_FILE", "POSTINGS_FILE",
+           "POSTINGS_SCHEMA", "PROBE_FILE", "TOKENS_FILE", "TOKENS_SCHEMA", "Codebook", "Hit", "IndexConfig", "PostingStats",
+           "Retriever", "bom_tokens", "build_faiss", "build_postings", "posting_cap", "read_codebooks", "read_postings",
+           "token_name", "write_index"]

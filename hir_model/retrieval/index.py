@@ -32,6 +32,7 @@ from hir_model.content import to_matrix
 from hir_model.embed import EntityEmbeddings
 from hir_model.retrieval.tokens import POSTINGS_FILE, TOKENS_FILE, read_postings, token_name
 
+BOM_ASSET = "bom_index"
 ITEMS_FILE, FAISS_FILE, CODEBOOK_FILE, PROBE_FILE = "items", "items.faiss", "codebook", "probe.json"
 DEFAULT_PROBE_FACTOR = 3.0  # for an index without probe.json
 

@@ -12,14 +12,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hir_model.embed import EntityEmbeddings
-from hir_model.hierarchy.build import ASSIGNMENTS_FILE, PRIMITIVES_FILE
-from hir_model.hierarchy.window import HIERARCHY_ASSET, load_embeddings
+from hir_model.embed.entity_embeddings import load_embeddings
+from hir_model.hierarchy.build import ASSIGNMENTS_FILE, HIERARCHY_ASSET, PRIMITIVES_FILE
 from hir_model.rank.state import HEAD_ASSET, read_head
-from hir_model.retrieval.index import PROBE_FILE, IndexConfig, Retriever, write_index
+from hir_model.retrieval.index import BOM_ASSET, PROBE_FILE, IndexConfig, Retriever, write_index
 from hir_model.retrieval.tokens import PostingStats, bom_tokens, build_postings
 from hir_model.storage import PartitionStore
-
-BOM_ASSET = "bom_index"
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,10 @@ import torch
 from torch import Tensor
 
 from hir_model.nn import Encoder, EncoderConfig
+from hir_model.storage import PartitionStore
 
 FORMAT = 1  # bump when the layout below changes
+ENCODER_ASSET, CHECKPOINT_FILE = "hir_encoder", "checkpoint.pt"  # the asset and its one file
 
 
 class CheckpointError(ValueError):
@@ -84,3 +86,13 @@ def load_trained_model(path: str | Path, map_location: str | torch.device = "cpu
     encoder.eval()
     return TrainedModel(encoder, tuple(payload["prototypes"]), payload["step"], payload["version"], payload.get("window", ""),
                         int(payload.get("extra", {}).get("global_levels", 0)))
+
+
+def checkpoint_path(store: PartitionStore, key: str) -> Path:
+    """Where window `key`'s `hir_encoder` checkpoint lies in `store`."""
+    return store.partition_dir(ENCODER_ASSET, key) / CHECKPOINT_FILE
+
+
+def window_model(store: PartitionStore, key: str) -> TrainedModel:
+    """The window's TrainedModel (a CheckpointError naming the file when hir_encoder was not materialised)."""
+    return load_trained_model(checkpoint_path(store, key))

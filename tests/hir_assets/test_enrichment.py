@@ -14,10 +14,10 @@ import torch
 from dagster_project.content_resources import ContentModels
 from dagster_project.partitions import window_partitions
 from dagster_project.resources import LocalPartitionStorage, SourceResource
-from hir_assets.enrichment import CLIP_ASSET, CONTENT_ASSET, EMBEDDINGS_FILE, build_enrichment_assets
+from hir_assets.enrichment import CLIP_ASSET, build_enrichment_assets
 from hir_assets.events import build_ingest_assets
 from hir_model.config import HIRConfig
-from hir_model.content import content_schema, load_checkpoint
+from hir_model.content import CONTENT_ASSET, CONTENT_FILE, content_schema, load_checkpoint
 from hir_model.storage import PartitionStore
 from tests.hir_model.content.conftest import TINY_CLIP
 
@@ -78,7 +78,7 @@ def test_two_synthetic_windows_embed_then_reuse(tmp_path):
     agreement = checks(results[KEYS[1]])["interest_agreement"].metadata
     assert agreement["fused"].value > agreement["chance"].value + 0.15  # tiny model, 4 epochs: already well above chance
     store = PartitionStore(tmp_path / "store")
-    table = store.read(CONTENT_ASSET, KEYS[1], EMBEDDINGS_FILE)
+    table = store.read(CONTENT_ASSET, KEYS[1], CONTENT_FILE)
     assert table.schema == content_schema(384, TINY_CLIP.embed_dim, 384 + TINY_CLIP.embed_dim)
     products = table.filter(pc.equal(table["entity_type"], "product"))
     assert pc.all(products["has_image"]).as_py() and pc.all(products["has_text"]).as_py()
@@ -97,5 +97,5 @@ def test_a_source_without_images_skips_the_image_tower(byo, tmp_path):
     assert content["weights"]["image"].startswith("none") and content["encoder_version"].count("image=none") == 1
     evaluations = checks(result)
     assert all(e.passed for e in evaluations.values()) and "skipped" in evaluations["interest_agreement"].description
-    table = PartitionStore(tmp_path / "store").read(CONTENT_ASSET, KEYS[0], EMBEDDINGS_FILE)
+    table = PartitionStore(tmp_path / "store").read(CONTENT_ASSET, KEYS[0], CONTENT_FILE)
     assert not pc.any(table["has_image"]).as_py() and table.schema.field("embedding").type.list_size == 384

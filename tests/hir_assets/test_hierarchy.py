@@ -23,13 +23,14 @@ from hir_assets.index import (HEAD_COVERAGE_CHECK, HEAD_FINITE_CHECK, HEAD_WEIGH
                               TOKENS_PER_LEVEL_CHECK, build_index_assets)
 from hir_model import cli
 from hir_model.config import HIRConfig
-from hir_model.hierarchy.window import EMBEDDINGS_ASSET, HIERARCHY_ASSET, checkpoint_path
+from hir_model.embed import EMBEDDINGS_ASSET
+from hir_model.hierarchy.build import HIERARCHY_ASSET
 from hir_model.nn import Encoder, EncoderConfig
 from hir_model.rank.recommender import Recommender
 from hir_model.rank.state import HEAD_ASSET
 from hir_model.retrieval.window import BOM_ASSET
 from hir_model.storage import PartitionStore
-from hir_model.train.checkpoint import save_checkpoint
+from hir_model.train.checkpoint import checkpoint_path, save_checkpoint
 
 KEYS = ["2024-01-07", "2024-01-14"]
 MINE = [EMBEDDINGS_ASSET, HIERARCHY_ASSET, HEAD_ASSET, BOM_ASSET]

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
+from hir_model.embed import EMBEDDINGS_ASSET, EMBEDDINGS_FILE, EmbedConfig, embeddings_table
+from hir_model.embed.entity_embeddings import embed_window
 from hir_model.graph.window import build_window_graph, to_us
-from hir_model.hierarchy.window import EMBEDDINGS_ASSET, checkpoint_path, embed_window
 from hir_model.nn import Encoder, EncoderConfig
 from hir_model.rank.head import HeadConfig
 from hir_model.rank.state import HEAD_ASSET, write_head
 from hir_model.rank.window import build_head_state
 from hir_model.storage import PartitionStore
-from hir_model.train.checkpoint import save_checkpoint
+from hir_model.train.checkpoint import checkpoint_path, save_checkpoint
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
 
 WIDTH = 16

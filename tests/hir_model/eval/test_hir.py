@@ -172,7 +172,7 @@ def test_the_last_window_is_skipped_and_stateful_baselines_warm_start_from_earli
 def test_hierarchy_and_bom_index_add_lift_features_agreement_and_the_served_row(tmp_path):
     from hir_model.eval.window import BOM_ASSET, HIERARCHY_ASSET
     from hir_model.retrieval import IndexConfig
-    from hir_model.hierarchy.window import hierarchy_window
+    from hir_model.hierarchy.interest_hierarchy import hierarchy_window
     from hir_model.retrieval.window import build_window_index
 
     store = hir_store(tmp_path / "store")

@@ -56,7 +56,8 @@ def test_metrics_table_has_a_row_per_method_slice_and_metric(tmp_path):
 def test_content_vectors_come_from_the_content_asset_when_published(tmp_path):
     import pyarrow as pa
 
-    from hir_model.eval.run import CONTENT_ASSET, CONTENT_FILE, TableReader, item_content, load_split
+    from hir_model.content import CONTENT_ASSET, CONTENT_FILE
+    from hir_model.eval.run import TableReader, item_content, load_split
 
     store = tiny_store(tmp_path)
     vec = {"p1": [1.0, 0.0], "p2": [0.0, 1.0], "p3": None, "p6": [0.5, 0.5]}  # p3 without content, p4/p5 missing
