@@ -21,7 +21,7 @@ from hir_assets.adapter import ADAPTER_JOB
 from hir_assets.evaluation import EVALUATION_JOB
 from hir_assets.report import REPORT_ASSET, REPORT_JOB
 from hir_model.eval.pages import print_last_window
-from hir_model.train.adapter import OBJECTIVES
+from hir_model.adapter.fit import OBJECTIVES
 from data_contracts import CONVERSION_EVENT
 from hir_model.config import load_config
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE

@@ -12,11 +12,11 @@ last window would wait for a window that does not exist.
 import dagster as dg
 
 from dagster_project.resources import PartitionStorage
+from hir_model.adapter.fit import OBJECTIVES, AdapterConfig
+from hir_model.adapter.objective_adapter import ADAPTER_ASSET, adapt_window, write_adapter
 from hir_model.data.tables import EVENTS_ASSET
 from hir_model.data.windows import Window, utc
 from hir_model.embed import EMBEDDINGS_ASSET
-from hir_model.train.adapter import OBJECTIVES, AdapterConfig
-from hir_model.train.adapter_window import ADAPTER_ASSET, adapt_window, write_adapter
 
 GROUP = "training"
 ADAPTER_JOB = "objective_adapters"

@@ -14,12 +14,12 @@ import pytest
 from dagster_project.partitions import window_partitions
 from dagster_project.resources import LocalPartitionStorage
 from hir_assets.adapter import ADAPTER_JOB, LOSS_DECREASED_CHECK, adapter_job, build_adapter_assets
+from hir_model.adapter.fit import CONFIG_FILE, WEIGHTS_FILE, load_adapter
+from hir_model.adapter.objective_adapter import ADAPTER_ASSET, METRICS_FILE, adapter_partition
 from hir_model.data.tables import EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import WindowSpec
 from hir_model.embed import EMBEDDINGS_ASSET, EMBEDDINGS_FILE, embeddings_schema
 from hir_model.storage import PartitionStore
-from hir_model.train.adapter import CONFIG_FILE, WEIGHTS_FILE, load_adapter
-from hir_model.train.adapter_window import ADAPTER_ASSET, METRICS_FILE, adapter_partition
 from tests.conftest import W0, W1, events_table
 
 KEYS = ["2024-01-07", "2024-01-14"]

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hir_model.adapter.fit import (ENGAGEMENT_TYPES, OBJECTIVES, AdapterConfig, AdapterFit, EmbeddingSpace, Gain, event_rows,
+                                   fit_adapter, next_window_gain, save_adapter)
 from hir_model.data.tables import EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import Window
 from hir_model.embed import EMBEDDINGS_ASSET, EMBEDDINGS_FILE
 from hir_model.graph.window import to_us
 from hir_model.storage import PartitionStore, Staging
-from hir_model.train.adapter import (ENGAGEMENT_TYPES, OBJECTIVES, AdapterConfig, AdapterFit, EmbeddingSpace, Gain,
-                                     event_rows, fit_adapter, next_window_gain, save_adapter)
 
 ADAPTER_ASSET, METRICS_FILE = "objective_adapter", "metrics.json"
 EVENT_COLUMNS = ["user_id", "entity_id", "event_type", "ts"]

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from hir_model.train.adapter import (AdapterConfig, EmbeddingSpace, ObjectiveAdapter, event_rows, fit_adapter, item_log_q,
-                                     load_adapter, next_window_gain, pair_loss, save_adapter, unique_pairs)
+from hir_model.adapter.fit import (AdapterConfig, EmbeddingSpace, ObjectiveAdapter, event_rows, fit_adapter, item_log_q,
+                                   load_adapter, next_window_gain, pair_loss, save_adapter, unique_pairs)
 
 US, DAY = 1_000_000, 86_400 * 1_000_000
 END = 1_700_000_000 * US  # the window end
