@@ -34,22 +34,17 @@ log = logging.getLogger("hir")
 
 BLOCK = 128  # flex block size (its default)
 
-# Padded tokens per sequence at and above which "auto" takes flex for speed, per (device type, training);
-# None = never for speed (only for memory: `dense_bias_budget_mb`). Measured with benchmarks/attention.py
-# (inference, B * N = 4096, H = 4, head dim 32, full bias, dense timed with its per-batch bias build; torch 2.14.1,
-# a shared 2-core CPU, --threads 1 for steady numbers):
-#   N = 256 / 1024 / 4096: dense 20 / 66 / 246 ms, flex 55 / 285 / 709 ms
-#   (2 threads, busier machine: dense 37 / 111 / 279 ms, flex 82 / 269 / 700 ms)
-# Flex is 1.7x to 4x slower at every N (both do B * N^2 work): on CPU there is no speed crossover and flex is the
-# memory path (1.8 MB of extra memory against 259 MB for dense at N = 4096).
-# CPU training: flex has no CPU backward.
-# CUDA: not measured yet (no GPU lent to this session); flex is the fast path in published reports. Rerun
-# `benchmarks/attention.py --device cuda --mode fwd,fwdbwd` and put the crossover here.
+# Padded tokens per sequence at and above which "auto" takes flex for speed, per (device type, training); None = never
+# for speed (only for memory: `dense_bias_budget_mb`). From `benchmarks/attention.py` (dense timed with its per-batch
+# bias build; the figures are in docs/model.md and docs/results.md):
+# - CPU: flex is 1.7x to 4x slower at every N (inference), and has no backward.
+# - CUDA (H200, torch 2.11, N = 256 / 1024 / 4096): inference dense at every N (flex 1.7x-2.4x slower); training flex
+#   from 4096 (1.13x faster there, 1.6x slower at 1024). Provisional until the GPU session's sweep to N = 16,384.
 FLEX_FROM_TOKENS: dict[tuple[str, bool], int | None] = {
     ("cpu", False): None,
     ("cpu", True): None,
-    ("cuda", False): 0,
-    ("cuda", True): 0,
+    ("cuda", False): None,
+    ("cuda", True): 4096,
 }
 FLEX_DEVICES = ("cpu", "cuda")  # where flex runs at all (forward); CPU has no flex backward
 
@@ -168,6 +163,8 @@ class DenseAttention:
         self.bias = build_dense_bias(t, compiled, workspace)  # (B, H, N, N + G), -inf at padding keys
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.bias.dtype != q.dtype:  # under autocast (bf16 q, k, v): the float32 bias once in their dtype, for every layer
+            self.bias = self.bias.to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
 
 
@@ -179,6 +176,9 @@ class FlexAttention:
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if "flex" not in _compiled:
             _compiled["flex"] = torch.compile(flex_attention, dynamic=False)  # static shapes: see the module docstring
+        if q.dtype != torch.float32:  # under autocast: flex in float32 (its float32 bias tensors), the result cast back
+            with torch.autocast(q.device.type, enabled=False):
+                return self(q.float(), k.float(), v.float()).to(q.dtype)
         with torch._dynamo.config.patch(recompile_limit=64):  # one compile per (B, N) bucket
             return _compiled["flex"](q, k, v, score_mod=self.score_mod, block_mask=self.block_mask)
 

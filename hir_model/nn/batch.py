@@ -30,6 +30,8 @@ class EncoderBatch:
     content: Tensor | None = None  # (B, N, C) float32; rows where has_content is False are zeros
     strength: Tensor | None = None  # (B, N) float32 decayed engagement of each token's node; 0 at padding (None: all 0)
     structure: Tensor | None = None  # (B, N, S) float32 structural encoding of each token's node; 0 at padding (None: all 0)
+    node: Tensor | None = None  # (B, N) int64 node index of each token, -1 at padding: kept on request (`collate(keep_node=True)`)
+    # for batches whose per-node columns are filled in on the device (hir_model.train.loader.NodeTables)
 
     @property
     def num_sequences(self) -> int:
@@ -43,13 +45,20 @@ class EncoderBatch:
     def valid(self) -> Tensor:  # (B, N) bool: real tokens
         return torch.arange(self.max_len, device=self.lengths.device) < self.lengths[:, None]
 
-    def to(self, device: torch.device | str) -> EncoderBatch:
-        return EncoderBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                               for f in fields(self)})
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> EncoderBatch:
+        return self._map(lambda x: x.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> EncoderBatch:
+        """The batch in page-locked memory (torch's DataLoader calls this), so copies to a GPU can overlap compute."""
+        return self._map(lambda x: x.pin_memory())
+
+    def _map(self, fn) -> EncoderBatch:
+        return EncoderBatch(**{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name)) for f in fields(self)})
 
 
-def collate(batch: SampledBatch) -> EncoderBatch:
-    """Pad the concatenated sequences of `batch` into [B, Nmax] tensors (Nmax = the longest sequence)."""
+def collate(batch: SampledBatch, keep_node: bool = False) -> EncoderBatch:
+    """Pad the concatenated sequences of `batch` into [B, Nmax] tensors (Nmax = the longest sequence); with `keep_node`,
+    the tokens' node indices too (`EncoderBatch.node`)."""
     lengths = batch.lengths
     if len(lengths) == 0 or (lengths < 1).any():
         raise ValueError("every sequence needs at least its seed token (lengths >= 1, B >= 1)")
@@ -80,4 +89,5 @@ def collate(batch: SampledBatch) -> EncoderBatch:
         content=content,
         strength=None if batch.strength is None else pad(batch.strength, 0.0, np.float32),
         structure=None if batch.structure is None else pad(batch.structure, 0.0, np.float32),
+        node=pad(batch.node, -1, np.int64) if keep_node else None,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +81,8 @@ class Encoder(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.width)
         self.last_choice = None  # the backend choice of the latest forward (hir_model.nn.backends.Choice)
         self.workspace = BiasWorkspace()  # the dense bias buffer reused across no-grad batches (not state)
+        self.autocast_dtype: torch.dtype | None = None  # e.g. torch.bfloat16: embedding and layers under autocast, the
+        # readout in float32 (set by the trainer, TrainConfig.precision; not state, not saved); None: float32 throughout
         # (node types, W): the mean readout of each seed type, subtracted before the unit norm. A fresh encoder maps
         # every node near one direction (shared type vectors, the MLPs' GELU offsets, anonymous KG neighbours: MovieLens
         # readouts had mean cosine 0.95), so no prototype could tell nodes apart; training sets it from the data on a
@@ -121,10 +124,13 @@ class Encoder(nn.Module):
         if global_tokens is not None and (global_tokens.dim() != 2 or global_tokens.shape[1] != self.cfg.width):
             raise ValueError(f"global tokens must be [G, {self.cfg.width}], got {tuple(global_tokens.shape)}")
         attend = self.attention(batch, 0 if global_tokens is None else global_tokens.shape[0])
-        x = self.embed(batch)  # (B, N, W)
-        for block in self.blocks:
-            x = block(x, global_tokens, attend)
-        return self.ln_f(x[:, 0]) - self.out_mean[batch.node_type[:, 0]]  # the seed token (position 0), before the unit norm
+        dtype = self.autocast_dtype
+        with nullcontext() if dtype is None else torch.autocast(self.out_mean.device.type, dtype=dtype):
+            x = self.embed(batch)  # (B, N, W)
+            for block in self.blocks:
+                x = block(x, global_tokens, attend)
+        seed = x[:, 0].float()  # the seed token (position 0); a no-op in float32
+        return self.ln_f(seed) - self.out_mean[batch.node_type[:, 0]]  # before the unit norm
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "out_mean"  # checkpoints from before the per-type centre hold one (W,) mean for every type

@@ -31,8 +31,8 @@ def fresh_compile_state():
     ("auto", "cpu", True, 4096, "dense", "no CPU backward"),  # whatever the size: flex cannot train on CPU
     ("auto", "cpu", False, 16, "dense", "faster at every measured length"),
     ("auto", "cpu", False, 4096, "flex", "budget"),  # too big for the dense bias: the memory path
-    ("auto", "cuda", False, 16, "flex", "crossover 0"),
-    ("auto", "cuda", True, 16, "flex", "crossover 0"),
+    ("auto", "cuda", False, 16, "dense", "faster at every measured length"),
+    ("auto", "cuda", True, 16, "dense", "1024 tokens < crossover 4096"),
     ("auto", "meta", False, 16, "dense", "no flex on meta"),
     ("flex", "cpu", True, 16, "dense", "no CPU backward (config asked for flex)"),
     ("flex", "cpu", False, 16, "flex", "set in config"),
@@ -47,6 +47,13 @@ def test_auto_choice_follows_the_crossover_table(monkeypatch):
     monkeypatch.setitem(backends.FLEX_FROM_TOKENS, ("cpu", False), 512)
     assert choose_backend("auto", CPU, False, 511, MB, 1024 * MB).backend == "dense"
     assert choose_backend("auto", CPU, False, 512, MB, 1024 * MB).backend == "flex"
+
+
+def test_cuda_training_takes_flex_from_its_crossover():
+    cuda = torch.device("cuda")  # a device object only: choose_backend never touches the device
+    assert choose_backend("auto", cuda, True, 4095, MB, 1024 * MB).backend == "dense"
+    assert choose_backend("auto", cuda, True, 4096, MB, 1024 * MB).backend == "flex"
+    assert choose_backend("auto", cuda, False, 16384, MB, 1024 * MB).backend == "dense"  # inference: the memory budget only
 
 
 def test_flex_shapes_are_powers_of_two():
