@@ -77,7 +77,7 @@ import torch  # noqa: E402
 from hir_model.data.source import Source  # noqa: E402
 from hir_model.data.tables import CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, build_catalog, build_events  # noqa: E402
 from hir_model.data.windows import WindowSpec  # noqa: E402
-from hir_model.eval.baselines import baselines  # noqa: E402
+from hir_model.baselines.registry import baselines  # noqa: E402
 from hir_model.eval.compare import compare  # noqa: E402
 from hir_model.rank.head import HeadConfig  # noqa: E402
 from hir_model.eval.pages import write_report  # noqa: E402

@@ -37,7 +37,7 @@ import pyarrow as pa  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hir_model.eval.split import Interactions  # noqa: E402
+from hir_model.protocol.split import Interactions  # noqa: E402
 from hir_model.rank.head import HeadConfig  # noqa: E402
 from hir_model.rank.recommender import Recommender  # noqa: E402
 from hir_model.rank.state import HeadState  # noqa: E402

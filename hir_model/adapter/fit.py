@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hir_model.eval.metrics import Ragged, ranking_metrics
+from hir_model.protocol.metrics import Ragged, ranking_metrics
 
 OBJECTIVES: tuple[str, ...] = ("click", "add_to_cart", "purchase")  # the funnel stages an adapter can be fitted for
-ENGAGEMENT_TYPES: tuple[str, ...] = ("click", "add_to_cart", "purchase", "interested")  # "already engaged" (as eval.split)
-ITEM_TYPES: tuple[str, ...] = ("product", "service")  # entity types ranked as items (as eval.split)
+ENGAGEMENT_TYPES: tuple[str, ...] = ("click", "add_to_cart", "purchase", "interested")  # "already engaged" (as protocol.split)
+ITEM_TYPES: tuple[str, ...] = ("product", "service")  # entity types ranked as items (as protocol.split)
 WEIGHTS_FILE, CONFIG_FILE = "adapter.pt", "adapter.json"
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from hir_model.eval.method import carry_rows, context_matrix, known_columns, may_warm_start, train_matrix
-from hir_model.eval.split import Interactions, ItemSpace, Queries
+from hir_model.protocol.method import carry_rows, context_matrix, known_columns, may_warm_start, train_matrix
+from hir_model.protocol.split import Interactions, ItemSpace, Queries
 
 DENSE_RATIO = 32  # use a dense X Y' when rows x cols <= this x observed pairs (density above ~3%)
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from hir_model.eval.method import decay, event_weights
-from hir_model.eval.split import Interactions, ItemSpace, Queries
+from hir_model.protocol.method import decay, event_weights
+from hir_model.protocol.split import Interactions, ItemSpace, Queries
 
 NO_CONTENT = -2.0  # score of an item without a content vector: after every cosine
 

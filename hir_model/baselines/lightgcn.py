@@ -33,8 +33,8 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from hir_model.eval.method import carry_rows, known_columns, may_warm_start, train_matrix
-from hir_model.eval.split import Interactions, ItemSpace, Queries
+from hir_model.protocol.method import carry_rows, known_columns, may_warm_start, train_matrix
+from hir_model.protocol.split import Interactions, ItemSpace, Queries
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hir_model.eval.method import decay, event_weights
-from hir_model.eval.split import Interactions, ItemSpace, Queries
+from hir_model.protocol.method import decay, event_weights
+from hir_model.protocol.split import Interactions, ItemSpace, Queries
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,17 @@
 """The baselines side by side: one config, one constructor (HIR joins as one more `Method`).
 
-item2item_recent is the sequence-aware peer of HIR's recent-items head (hir_model.eval.sequence)."""
+item2item_recent is the sequence-aware peer of HIR's recent-items head (hir_model.baselines.sequence)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hir_model.eval.als import ALSConfig, ImplicitALS
-from hir_model.eval.content_knn import ContentKNN, ContentKNNConfig
-from hir_model.eval.lightgcn import LightGCN, LightGCNConfig
-from hir_model.eval.method import Method
-from hir_model.eval.popularity import Popularity, PopularityConfig
-from hir_model.eval.sequence import Item2ItemConfig, Item2ItemRecent
+from hir_model.baselines.als import ALSConfig, ImplicitALS
+from hir_model.baselines.content_knn import ContentKNN, ContentKNNConfig
+from hir_model.baselines.lightgcn import LightGCN, LightGCNConfig
+from hir_model.baselines.popularity import Popularity, PopularityConfig
+from hir_model.baselines.sequence import Item2ItemConfig, Item2ItemRecent
+from hir_model.protocol.method import Method
 
 
 @dataclass(frozen=True)

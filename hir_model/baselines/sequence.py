@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from hir_model.eval.method import decay, event_weights, known_columns
-from hir_model.eval.split import Interactions, ItemSpace, Queries
+from hir_model.protocol.method import decay, event_weights, known_columns
+from hir_model.protocol.split import Interactions, ItemSpace, Queries
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,8 @@
-"""Causal next-window evaluation: split, ranking metrics, baselines, downstream lift, report (no Dagster here).
+"""Causal next-window evaluation: HIR's rows and the baselines on window t+1, downstream lift, report (no Dagster here).
+The protocol and metrics are hir_model.protocol; the baselines hir_model.baselines.
 
-split.py     window t's train set (everything before end(t)) and t+1's warm / cold users, targets, item groups
-metrics.py   Recall@K and NDCG@K over full rankings
-method.py    the `Method` protocol every ranked method implements (HIR plugs in as one more)
-popularity.py, content_knn.py, als.py, lightgcn.py, sequence.py, baselines.py   the baselines
 hir.py       HIR's three rows (hir: as served, hir_exact, hir_embeddings) through hir_model.rank's head
-stats.py, compare.py   paired bootstrap CIs over users; method-vs-method rows with a verdict
+compare.py   method-vs-method rows with paired CIs (hir_model.protocol.stats) and a verdict
 agreement.py NMI / ARI of the hierarchy against planted interests; per-level primitive affinities (lift features)
 text_vectors.py  a hashed TF-IDF stand-in for content vectors when `content_embeddings` is not materialised
 lift.py      the downstream conversion model with and without an extra feature block

@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 
 from hir_model.eval.run import USER_COLUMNS, WindowEvaluation
-from hir_model.eval.stats import paired_bootstrap, pooled_bootstrap, verdict
+from hir_model.protocol.stats import paired_bootstrap, pooled_bootstrap, verdict
 
 
 @dataclass(frozen=True)

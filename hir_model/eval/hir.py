@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hir_model.eval.split import Interactions, ItemSpace, Queries
+from hir_model.protocol.split import Interactions, ItemSpace, Queries
 from hir_model.rank.head import head_scores
 from hir_model.rank.inductive import InductiveEncoder
 from hir_model.rank.recommender import ContextEvent, Recommender

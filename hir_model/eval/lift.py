@@ -24,8 +24,8 @@ from sklearn.metrics import log_loss, roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from hir_model.eval.method import decay
-from hir_model.eval.split import SplitConfig, WindowSplit
+from hir_model.protocol.method import decay
+from hir_model.protocol.split import SplitConfig, WindowSplit
 
 BASE_FEATURES = ("user_log_engagements", "user_log_conversions", "user_conversion_rate", "user_cold",
                  "item_log_popularity", "item_conversion_rate", "item_new", "parent_log_popularity")

@@ -27,7 +27,7 @@ HIR_PAIRS = (("hir", "hir_exact"), ("hir_exact", "hir_embeddings"))  # the index
 
 def user_band(e: WindowEvaluation, method: str, users: str, items: str, target: str, metric: str) -> tuple[float, float] | None:
     """A plotted value's 95% bootstrap interval over the window's users (None without per-user values)."""
-    from hir_model.eval.stats import bootstrap_mean
+    from hir_model.protocol.stats import bootstrap_mean
 
     for r in e.results:
         if (r.method, r.users, r.items, r.target) == (method, users, items, target) and metric in r.metrics.per_user:

@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from hir_model.eval.als import ImplicitALS
+from hir_model.baselines.als import ImplicitALS
+from hir_model.baselines.lightgcn import LightGCN
 from hir_model.eval.lift import LiftResult, ModelScore
-from hir_model.eval.lightgcn import LightGCN
-from hir_model.eval.method import Method
-from hir_model.eval.metrics import RankingMetrics
 from hir_model.eval.run import USER_COLUMNS, MethodTiming, SliceResult, WindowEvaluation, WindowSkipped
-from hir_model.eval.split import SplitCounts
+from hir_model.protocol.method import Method
+from hir_model.protocol.metrics import RankingMetrics
+from hir_model.protocol.split import SplitCounts
 
 EVALUATION_ASSET = "window_evaluation"
 METRICS_FILE, SUMMARY_FILE, STATE_FILE = "metrics", "summary", "baseline_state.npz"

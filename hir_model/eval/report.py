@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from hir_model.eval.run import WindowEvaluation, WindowSkipped  # noqa: E402
-from hir_model.eval.split import TARGET_KINDS  # noqa: E402
+from hir_model.protocol.split import TARGET_KINDS  # noqa: E402
 
 SLICES = (("warm", "known"), ("cold", "known"), ("warm", "new"), ("cold", "new"))  # (users, items), report order
 # A per-point interval for the plots: band(evaluation, method, users, items, target, metric) -> (low, high) or None

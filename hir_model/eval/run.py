@@ -25,11 +25,11 @@ from hir_model.content import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import Window, WindowSpec
 from hir_model.eval.lift import LiftConfig, LiftResult, PairFeatures, conversion_lift, pair_features
-from hir_model.eval.method import Method
-from hir_model.eval.metrics import RankingMetrics, ranking_metrics
-from hir_model.eval.split import (CATALOG_COLUMNS, EVENT_COLUMNS, ITEM_GROUPS, TARGET_KINDS, ItemSpace, SplitConfig,
-                                  SplitCounts, WindowSplit, build_split, warm_queries)
 from hir_model.eval.text_vectors import TextVectorConfig, entity_text, text_vectors
+from hir_model.protocol.method import Method
+from hir_model.protocol.metrics import RankingMetrics, ranking_metrics
+from hir_model.protocol.split import (CATALOG_COLUMNS, EVENT_COLUMNS, ITEM_GROUPS, TARGET_KINDS, ItemSpace, SplitConfig,
+                                      SplitCounts, WindowSplit, build_split, warm_queries)
 
 log = logging.getLogger("hir")
 

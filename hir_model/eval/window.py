@@ -24,15 +24,15 @@ from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import WindowSpec
 from hir_model.eval.agreement import LevelAgreement, planted_agreement, primitive_affinity
-from hir_model.eval.baselines import BaselinesConfig, baselines
-from hir_model.eval.artefacts import load_artefacts, missing_artefacts
+from hir_model.baselines.registry import BaselinesConfig, baselines
+from hir_model.rank.artefacts import load_artefacts, missing_artefacts
 from hir_model.eval.hir import HeadMethod
 from hir_model.eval.lift import PairFeatures
-from hir_model.eval.method import Method
+from hir_model.protocol.method import Method
 from hir_model.eval.publish import (EVALUATION_ASSET, STATE_FILE, load_states, method_state, previous_state_key,
                                     restore_state)
 from hir_model.eval.run import EvalConfig, TableReader, WindowEvaluation, WindowSkipped, evaluate_window
-from hir_model.eval.split import to_us
+from hir_model.protocol.split import to_us
 from hir_model.embed import EMBEDDINGS_ASSET
 from hir_model.graph.window import GRAPH_ASSET
 from hir_model.hierarchy.build import ASSIGNMENTS_FILE, HIERARCHY_ASSET

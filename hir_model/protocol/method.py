@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import scipy.sparse as sp
 
-from hir_model.eval.split import Interactions, ItemSpace, Queries
+from hir_model.protocol.split import Interactions, ItemSpace, Queries
 
 US_PER_DAY = 86_400_000_000
 

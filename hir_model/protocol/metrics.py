@@ -6,7 +6,7 @@ Definitions (binary relevance, every candidate ranked, never sampled negatives):
 - NDCG@K = DCG@K / IDCG@K with DCG@K = sum over ranks r <= K of hit_r / log2(r + 1) and IDCG@K the DCG of
   min(K, |targets|) hits at the top.
 Both are averaged over users with at least one target (macro average); each of those users' own values are kept
-too (`RankingMetrics.per_user`), so two methods can be compared user by user (a paired bootstrap, `eval.stats`).
+too (`RankingMetrics.per_user`), so two methods can be compared user by user (a paired bootstrap, `protocol.stats`).
 
 Excluded columns (items the user already engaged with) get -inf and so rank after every other candidate.
 Ties are broken by a fixed order of the columns (`tie_order`, a permutation: earlier wins), the same for

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from data_contracts.vocab import CONVERSION_EVENT
 from hir_model.data.windows import Window
-from hir_model.eval.metrics import Ragged
+from hir_model.protocol.metrics import Ragged
 
 EVENT_COLUMNS = ["user_id", "entity_id", "event_type", "ts"]
 CATALOG_COLUMNS = ["entity_id", "entity_type", "parent_id", "first_seen_ts"]

@@ -5,6 +5,7 @@ head.py         head_scores: the one function that scores items for a user state
 fit.py          the state's fitted parts at end(t): item priors, the prior's weight on window t's last days
 state.py        HeadState, published per window as the `ranking_head` asset (items, history, head.json)
 window.py       build_head_state from window t's published tables (what the asset computes)
+artefacts.py    what HIR publishes for window t (embeddings, checkpoint, graph, content), loaded from the store
 inductive.py    the frozen encoder on what it never embedded: cold users from a context, items without a row
 cold_tokens.py  a cold user's token arrays while inductive.py assembles its sequence
 recommender.py  Recommender: BoM candidates -> head scores -> engaged items removed (hir retrieve, hir serve, evaluation)

@@ -1,4 +1,5 @@
-"""What HIR publishes for window t (the artefacts the evaluation ranks with), and loading them from the store."""
+"""What HIR publishes for window t (the artefacts the ranking head and the evaluation rank with), and loading them
+from the store."""
 
 from __future__ import annotations
 
@@ -58,5 +59,5 @@ def load_artefacts(store, key: str, end_us: int) -> WindowArtefacts:
 
 def trained_prior_scale(extra: dict) -> float:
     """The engagement temperature a checkpoint trained with (its `extra["train_config"]`; 0 when none is recorded): the
-    scale that puts the item prior in the units of its scores (hir_model.eval.hir)."""
+    scale that puts the item prior in the units of its scores (hir_model.rank.state.fit_head)."""
     return float((extra or {}).get("train_config", {}).get("engagement_temp", 0.0))

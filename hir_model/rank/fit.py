@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from hir_model.eval.method import US_PER_DAY, decay, event_weights
-from hir_model.eval.metrics import Ragged, ranking_metrics
-from hir_model.eval.split import Interactions, UserGroup, warm_group
+from hir_model.protocol.method import US_PER_DAY, decay, event_weights
+from hir_model.protocol.metrics import Ragged, ranking_metrics
+from hir_model.protocol.split import Interactions, UserGroup, warm_group
 from hir_model.rank.head import HeadConfig, warm_scores
 
 WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # candidate prior weights (1: the training's logit units)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from hir_model.eval.method import decay, event_weights
-from hir_model.eval.split import Queries
+from hir_model.protocol.method import decay, event_weights
+from hir_model.protocol.split import Queries
 
 
 @dataclass(frozen=True)

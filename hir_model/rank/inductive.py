@@ -24,13 +24,13 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from hir_model.eval.artefacts import WindowArtefacts
-from hir_model.eval.split import ItemSpace, Queries
 from hir_model.graph.build import GraphConfig
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import SELF_EDGE, SampledBatch
 from hir_model.nn import collate
+from hir_model.protocol.split import ItemSpace, Queries
+from hir_model.rank.artefacts import WindowArtefacts
 from hir_model.rank.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, ContentLookup, Tokens
 
 US = 1_000_000

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hir_model.eval.metrics import Ragged
-from hir_model.eval.split import ItemSpace, Queries, warm_queries
+from hir_model.protocol.metrics import Ragged
+from hir_model.protocol.split import ItemSpace, Queries, warm_queries
 from hir_model.rank.head import HeadConfig, head_scores, kernel_items, warm_query
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head
 from hir_model.retrieval.index import DEFAULT_PROBE_FACTOR, Hit
@@ -100,7 +100,7 @@ class Recommender:
         retriever = load_retriever(store, window, emb)
 
         def loader():
-            from hir_model.eval.artefacts import load_artefacts
+            from hir_model.rank.artefacts import load_artefacts
             from hir_model.rank.inductive import InductiveEncoder
             return InductiveEncoder(load_artefacts(store, window, state.end_us))
 

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts.head import HEAD_HISTORY_SCHEMA, HEAD_ITEMS_SCHEMA
-from hir_model.eval.split import Interactions
+from hir_model.protocol.split import Interactions
 from hir_model.rank.fit import WEIGHTS, PriorCalibration, fit_prior_weight, floored_log, new_user_engagement
 from hir_model.rank.head import HeadConfig, ItemSide
 

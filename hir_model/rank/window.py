@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import WindowSpec
-from hir_model.eval.artefacts import load_artefacts, missing_artefacts
-from hir_model.eval.split import CATALOG_COLUMNS, EVENT_COLUMNS, SplitConfig, build_train, to_us
+from hir_model.protocol.split import CATALOG_COLUMNS, EVENT_COLUMNS, SplitConfig, build_train, to_us
+from hir_model.rank.artefacts import load_artefacts, missing_artefacts
 from hir_model.rank.head import HeadConfig
 from hir_model.rank.inductive import InductiveEncoder
 from hir_model.rank.state import HeadState, fit_head

@@ -17,7 +17,7 @@ torch.set_num_threads(1)
 
 
 def test_the_report_asset_writes_the_sources_page_and_links_it(tmp_path):
-    from hir_model.eval.baselines import baselines
+    from hir_model.baselines.registry import baselines
 
     results = evaluate_windows(tiny_store(tmp_path / "tiny"), SPEC, KEYS, baselines(SMALL), EvalConfig(recall_ks=(20,), ndcg_ks=(3,)))
     root = tmp_path / "storage" / "parquet"

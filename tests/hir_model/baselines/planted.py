@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hir_model.eval.metrics import Ragged
-from hir_model.eval.split import Interactions, ItemSpace, Queries, warm_queries
+from hir_model.protocol.metrics import Ragged
+from hir_model.protocol.split import Interactions, ItemSpace, Queries, warm_queries
 
 DAY = 86_400_000_000
 END = 1_700_000_000_000_000  # end(t), µs

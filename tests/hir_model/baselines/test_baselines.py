@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from hir_model.eval.als import ALSConfig, ImplicitALS
-from hir_model.eval.baselines import baselines
-from hir_model.eval.content_knn import NO_CONTENT, ContentKNN
-from hir_model.eval.method import Method, context_matrix
-from hir_model.eval.metrics import Ragged
-from hir_model.eval.popularity import Popularity, PopularityConfig
-from hir_model.eval.split import Interactions, ItemSpace, Queries
-from tests.hir_model.eval.planted import DAY, END, as_cold, planted, top1
+from hir_model.baselines.als import ALSConfig, ImplicitALS
+from hir_model.baselines.content_knn import NO_CONTENT, ContentKNN
+from hir_model.baselines.popularity import Popularity, PopularityConfig
+from hir_model.baselines.registry import baselines
+from hir_model.protocol.method import Method, context_matrix
+from hir_model.protocol.metrics import Ragged
+from hir_model.protocol.split import Interactions, ItemSpace, Queries
+from tests.hir_model.baselines.planted import DAY, END, as_cold, planted, top1
 
 torch.set_num_threads(1)
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from hir_model.eval.lightgcn import LightGCN, LightGCNConfig, _MeanPropagation, normalised_adjacency, propagate
-from hir_model.eval.metrics import ranking_metrics
-from hir_model.eval.popularity import Popularity
-from tests.hir_model.eval.planted import as_cold, planted, top1
+from hir_model.baselines.lightgcn import LightGCN, LightGCNConfig, _MeanPropagation, normalised_adjacency, propagate
+from hir_model.baselines.popularity import Popularity
+from hir_model.protocol.metrics import ranking_metrics
+from tests.hir_model.baselines.planted import as_cold, planted, top1
 
 torch.set_num_threads(1)
 

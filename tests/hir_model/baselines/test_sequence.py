@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from hir_model.eval.method import Method
-from hir_model.eval.metrics import Ragged, ranking_metrics
-from hir_model.eval.sequence import Item2ItemConfig, Item2ItemRecent, item_similarity
-from hir_model.eval.split import Interactions, ItemSpace, Queries
-from tests.hir_model.eval.planted import DAY, END, planted
+from hir_model.baselines.sequence import Item2ItemConfig, Item2ItemRecent, item_similarity
+from hir_model.protocol.method import Method
+from hir_model.protocol.metrics import Ragged, ranking_metrics
+from hir_model.protocol.split import Interactions, ItemSpace, Queries
+from tests.hir_model.baselines.planted import DAY, END, planted
 
 # items: 0 A, 1 B (what follows A), 2 C, 3 D (what follows C), 4 E (popular, follows nothing in particular), 5 F
 N_ITEMS = 6
@@ -127,6 +127,6 @@ def test_a_large_sparse_catalogue_fits_and_scores_fast():
     t0 = time.perf_counter()
     m = Item2ItemRecent()
     m.fit(train, items)
-    from hir_model.eval.split import warm_queries
+    from hir_model.protocol.split import warm_queries
     m.score(warm_queries(train, np.arange(256)), items)
     assert time.perf_counter() - t0 < 10.0 and m.similarity.nnz <= n_items * m.config.neighbours

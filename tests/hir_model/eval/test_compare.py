@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from hir_model.eval.compare import BootstrapConfig, compare, comparison_markdown, user_values
-from hir_model.eval.metrics import RankingMetrics
 from hir_model.eval.run import SliceResult, WindowEvaluation, WindowSkipped
-from hir_model.eval.split import SplitCounts
+from hir_model.protocol.metrics import RankingMetrics
+from hir_model.protocol.split import SplitCounts
 
 COUNTS = SplitCounts(0, 0, 0, 0, 0, 0, 0, 0, 0)
 WINDOWS = ["2024-01-07", "2024-01-14", "2024-01-21", "2024-01-28", "2024-02-04", "2024-02-11"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hir_model.embed.entities import single_token_batch
-from hir_model.eval.artefacts import load_artefacts, trained_prior_scale
+from hir_model.rank.artefacts import load_artefacts, trained_prior_scale
 from hir_model.eval.hir import HeadMethod
 from hir_model.eval.publish import EVALUATION_ASSET, STATE_FILE, read_evaluation, save_states, summary_table
 from hir_model.rank.fit import new_user_engagement

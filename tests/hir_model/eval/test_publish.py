@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from hir_model.eval.als import ALSConfig
-from hir_model.eval.baselines import BaselinesConfig, baselines
-from hir_model.eval.lightgcn import LightGCNConfig
+from hir_model.baselines.als import ALSConfig
+from hir_model.baselines.lightgcn import LightGCNConfig
+from hir_model.baselines.registry import BaselinesConfig, baselines
 from hir_model.eval.publish import (EVALUATION_ASSET, METRICS_FILE, STATE_FILE, USERS_FILE, collect, collect_users, from_tables,
                                     read_evaluation, summary_table, with_user_values, write_evaluation)
 from hir_model.eval.run import EvalConfig, WindowEvaluation, evaluate_windows

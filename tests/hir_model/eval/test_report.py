@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
-from hir_model.eval.als import ALSConfig
-from hir_model.eval.baselines import BaselinesConfig, baselines
-from hir_model.eval.lightgcn import LightGCNConfig
+from hir_model.baselines.als import ALSConfig
+from hir_model.baselines.registry import BaselinesConfig, baselines
+from hir_model.baselines.lightgcn import LightGCNConfig
 from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, SUMMARY_FILE, summary_table
 from hir_model.eval.pages import (comparison_table, git_commit, print_last_window, report_path, user_band,
                                   write_source_report)
@@ -62,7 +62,7 @@ def test_comparisons_carry_paired_cis_and_the_bands_come_from_the_users(results,
     import numpy as np
 
     from hir_model.eval.publish import write_evaluation
-    from hir_model.eval.stats import bootstrap_mean
+    from hir_model.protocol.stats import bootstrap_mean
 
     evals = evaluated(results)
     md = comparison_table(evals, last=1)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hir_model.eval.als import ALSConfig
-from hir_model.eval.baselines import BaselinesConfig, baselines
-from hir_model.eval.lightgcn import LightGCNConfig
+from hir_model.baselines.als import ALSConfig
+from hir_model.baselines.lightgcn import LightGCNConfig
+from hir_model.baselines.registry import BaselinesConfig, baselines
 from hir_model.eval.pages import write_report
 from hir_model.eval.report import markdown_table, summary
 from hir_model.eval.run import EvalConfig, WindowEvaluation, WindowSkipped, evaluate_windows
@@ -43,7 +43,7 @@ def test_every_baseline_on_every_window_then_the_report(tmp_path):
 
 
 def test_metrics_table_has_a_row_per_method_slice_and_metric(tmp_path):
-    from hir_model.eval.popularity import Popularity
+    from hir_model.baselines.popularity import Popularity
     from hir_model.eval.run import evaluate_window
 
     result = evaluate_window(tiny_store(tmp_path), SPEC, KEYS[0], [Popularity()], EvalConfig(lift_method=None))
@@ -78,7 +78,7 @@ def test_content_vectors_come_from_the_content_asset_when_published(tmp_path):
 
 
 def test_each_slice_keeps_its_users_and_the_user_table_averages_to_the_metrics(tmp_path):
-    from hir_model.eval.popularity import Popularity
+    from hir_model.baselines.popularity import Popularity
     from hir_model.eval.run import USER_COLUMNS, evaluate_window
 
     result = evaluate_window(tiny_store(tmp_path), SPEC, KEYS[0], [Popularity()], EvalConfig(lift_method=None))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hir_model.baselines.popularity import Popularity
 from hir_model.eval.run import TableReader, WindowSkipped, evaluate_window, load_split, EvalConfig
-from hir_model.eval.popularity import Popularity
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
 
 

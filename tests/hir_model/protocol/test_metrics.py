@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hir_model.eval.metrics import Ragged, ranking_metrics, top_k
+from hir_model.protocol.metrics import Ragged, ranking_metrics, top_k
 
 L3, L5 = math.log2(3), math.log2(5)
 

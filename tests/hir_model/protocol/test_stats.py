@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from hir_model.eval.stats import bootstrap_mean, paired_bootstrap, pooled_bootstrap, verdict
+from hir_model.protocol.stats import bootstrap_mean, paired_bootstrap, pooled_bootstrap, verdict
 
 
 def _draws(rng, n, gap, noise=0.3):

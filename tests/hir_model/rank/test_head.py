@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from hir_model.eval.metrics import Ragged
-from hir_model.eval.method import US_PER_DAY as DAY_US
+from hir_model.protocol.method import US_PER_DAY as DAY_US
+from hir_model.protocol.metrics import Ragged
+from hir_model.protocol.split import Interactions, Queries
 from hir_model.rank.fit import WEIGHTS, fit_prior_weight, held_out_split, new_user_engagement
-from hir_model.eval.split import Interactions, Queries
 from hir_model.rank.head import HeadConfig, interest_kernel, recent_items
 
 END = 100 * DAY_US

@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from hir_model.embed import EntityEmbeddings
-from hir_model.eval.artefacts import load_artefacts
 from hir_model.eval.hir import HeadMethod
 from hir_model.eval.run import EvalConfig, TableReader, load_split
-from hir_model.eval.split import Interactions
-from hir_model.eval.split import to_us as split_us
 from hir_model.graph.window import to_us
+from hir_model.protocol.split import Interactions, to_us as split_us
+from hir_model.rank.artefacts import load_artefacts
 from hir_model.rank.context import parse_context, read_context_file
 from hir_model.rank.head import HeadConfig
 from hir_model.rank.inductive import InductiveEncoder
