@@ -1,7 +1,7 @@
 """Project configuration: one TOML file plus environment overrides.
 
 `load_config()` reads `hir.toml` (or the file named by HIR_CONFIG) and applies HIR_SOURCE, HIR_WINDOW,
-HIR_STORAGE_URI and HIR_DATA_DIR. Everything downstream (partitions, storage, sources) derives from the
+HIR_STORAGE_URI, HIR_DATA_DIR and HIR_SYNTHETIC_SCALE. Everything downstream (partitions, storage, sources) derives from the
 returned `HIRConfig`.
 """
 
@@ -32,7 +32,7 @@ class HIRConfig:
     window: str = "weekly"  # daily | weekly
     storage_uri: str = str(PROJECT_ROOT / ".hir" / "storage")  # local folder or s3://bucket/prefix
     data_dir: Path = PROJECT_ROOT / "data"  # fetched / generated source data
-    synthetic: Mapping[str, Any] = field(default_factory=dict)  # overrides of SyntheticConfig fields
+    synthetic: Mapping[str, Any] = field(default_factory=dict)  # "scale" (a preset) and overrides of SyntheticConfig fields
     parquet_path: str = ""  # the bring-your-own folder
     train: Mapping[str, Any] = field(default_factory=dict)  # TrainConfig overrides ([train], then [train.<source>])
     train_shared: Mapping[str, Any] = field(default_factory=dict)  # [train] alone, without any source's sub-table
@@ -54,10 +54,10 @@ class HIRConfig:
 
             return MovieLensSource(self.data_dir)
         if self.source == "synthetic":
-            from hir_model.data.synthetic import SyntheticConfig, SyntheticSource
+            from hir_model.data.synthetic import SyntheticSource
 
-            cfg = _synthetic_config(SyntheticConfig, self.synthetic)
-            return SyntheticSource(cfg, self.data_dir / f"synthetic-seed{cfg.seed}")
+            cfg = _synthetic_config(self.synthetic)
+            return SyntheticSource(cfg, self.data_dir / f"{_synthetic_label(self.synthetic)}-seed{cfg.seed}")
         from hir_model.data.parquet_source import ParquetSource
 
         return ParquetSource(self.parquet_path, self.window)
@@ -68,15 +68,27 @@ class HIRConfig:
         return WindowSpec.covering(self.window, first, last)
 
 
-def _synthetic_config(cls, overrides: Mapping[str, Any]):
-    names = set(cls.__dataclass_fields__)
-    unknown = sorted(set(overrides) - names)
-    if unknown:
-        raise ConfigError(f"[synthetic] has unknown keys {unknown}; known: {sorted(names)}")
+def _synthetic_config(overrides: Mapping[str, Any]):
+    """The preset named by overrides["scale"] (default small), then every other key over it."""
+    from hir_model.data.synthetic_config import SCALES, SyntheticConfig, preset
+
     values = dict(overrides)
+    scale = values.pop("scale", "small")
+    if scale not in SCALES:
+        raise ConfigError(f"[synthetic] scale {scale!r} (or HIR_SYNTHETIC_SCALE) is not one of {tuple(SCALES)}")
+    names = set(SyntheticConfig.__dataclass_fields__)
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"[synthetic] has unknown keys {unknown}; known: {sorted(names | {'scale'})}")
     if isinstance(values.get("start"), str):
         values["start"] = datetime.fromisoformat(values["start"]).replace(tzinfo=timezone.utc)
-    return replace(cls(), **values)
+    return replace(preset(scale), **values)
+
+
+def _synthetic_label(synthetic: Mapping[str, Any]) -> str:
+    """`synthetic`, or `synthetic-<scale>` for a preset other than small: its data and tables get their own folders."""
+    scale = synthetic.get("scale", "small")
+    return "synthetic" if scale == "small" else f"synthetic-{scale}"
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> HIRConfig:
@@ -98,14 +110,19 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         return value if "://" in value else str((base / value).resolve())
 
     source = env.get("HIR_SOURCE") or raw.get("source", "movielens")
-    # "{source}" in the storage URI keeps each source's tables apart (the default: .hir/storage/{source})
-    storage = (env.get("HIR_STORAGE_URI") or raw.get("storage_uri", ".hir/storage/{source}")).replace("{source}", source)
+    synthetic = dict(raw.get("synthetic", {}))
+    if env.get("HIR_SYNTHETIC_SCALE"):
+        synthetic["scale"] = env["HIR_SYNTHETIC_SCALE"]
+    # "{source}" in the storage URI keeps each source's tables apart (the default: .hir/storage/{source}); a synthetic
+    # scale other than small is a source of its own there (synthetic-large)
+    label = _synthetic_label(synthetic) if source == "synthetic" else source
+    storage = (env.get("HIR_STORAGE_URI") or raw.get("storage_uri", ".hir/storage/{source}")).replace("{source}", label)
     return HIRConfig(
         source=source,
         window=env.get("HIR_WINDOW") or raw.get("window", "weekly"),
         storage_uri=local(storage),
         data_dir=Path(local(env.get("HIR_DATA_DIR") or raw.get("data_dir", "data"))),
-        synthetic=dict(raw.get("synthetic", {})),
+        synthetic=synthetic,
         parquet_path=local(p) if (p := env.get("HIR_PARQUET_PATH") or raw.get("parquet", {}).get("path", "")) else "",
         train=_train_overrides(raw.get("train", {}), source),
         train_shared=_train_overrides(raw.get("train", {}), ""),

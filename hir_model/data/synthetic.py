@@ -6,9 +6,10 @@ sparse interest mixtures that drift with the window index; funnel events with st
 rates, Zipf-like popularity and affinity-driven engagement; new entities every window.
 
 The source generates in its own windows of `window_days` from `start`. Entities for all windows are
-small and built once; events are generated batch by batch from an RNG seeded by (seed, window, batch),
-so memory stays flat however many events a window holds, and any window can be read without the
-others. A requested window that cuts across the source's windows gets the matching slice of events.
+numpy columns built once; their catalog rows (ids, text, features) are built batch by batch, and events
+are generated batch by batch from an RNG seeded by (seed, window, batch), so memory stays flat however
+many events a window holds, and any window can be read without the others. A requested window that cuts
+across the source's windows gets the matching slice of events. Sizes: `synthetic_config.preset`.
 """
 
 from __future__ import annotations
@@ -29,59 +30,17 @@ from data_contracts.schemas import CATALOG_SCHEMA, EVENTS_SCHEMA, RELATIONS_SCHE
 from data_contracts.vocab import EVENT_TYPES
 from hir_model.data import synthetic_images
 from hir_model.data.source import Batch, Source
-from hir_model.data.synthetic_sampling import Picker
-from hir_model.data.synthetic_world import (AGE_BUCKETS, REGIONS, US_PER_DAY, World, brand_names, build_hierarchy,
-                                            build_world, texts)
+from hir_model.data.synthetic_config import SyntheticConfig
+from hir_model.data.synthetic_sampling import Picker, search
+from hir_model.data.synthetic_world import (AGE_BUCKETS, REGIONS, US_PER_DAY, TextColumn, World, brand_names,
+                                            build_hierarchy, build_world)
 from hir_model.data.windows import Window, utc
+
+__all__ = ["GroundTruth", "SyntheticConfig", "SyntheticSource"]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 KINDS = ("advertiser", "campaign", "product")  # engageable entity types, in global index order
 _EVENTS_TAG = 10
-
-
-@dataclass(frozen=True)
-class SyntheticConfig:
-    seed: int = 7  # same seed, same data
-    start: datetime = datetime(2024, 1, 7, tzinfo=timezone.utc)  # a Sunday: weekly windows line up
-    n_windows: int = 8  # windows of events
-    window_days: int = 7  # length of one window
-    events_per_window: int = 20_000  # rows per window; 1_250_000 gives 10M over 8 windows
-    branching: tuple[int, int, int] = (4, 3, 3)  # coarse -> mid -> fine: 36 fine interests
-    n_advertisers: int = 60  # present at `start`
-    n_products: int = 2_000
-    n_users: int = 3_000
-    campaigns_per_advertiser: int = 2
-    new_advertisers_per_window: int = 4  # first seen inside each window
-    new_products_per_window: int = 150
-    new_users_per_window: int = 150
-    interests_per_user: int = 3  # each user has 1..this many fine interests
-    drift: float = 0.8  # amplitude of the oscillation of a user's log interest weights
-    drift_period: float = 6.0  # windows per oscillation
-    zipf_exponent: float = 1.0  # popularity weight = U^-s: Zipf's law at s = 1
-    targeted_share: float = 0.7  # impressions drawn from the user's interests; the rest by popularity alone
-    campaign_share: float = 0.08  # impressions on campaigns
-    advertiser_share: float = 0.04  # impressions on advertisers (the rest: products)
-    click_rate: tuple[float, float] = (0.004, 0.08)  # P(click | impression) at affinity 0 and 1
-    cart_rate: float = 0.3  # P(add_to_cart | click) at affinity 1 (half that at 0); products only
-    purchase_rate: float = 0.3  # P(purchase | add_to_cart) at affinity 1 (half that at 0)
-    feedback_rate: float = 0.01  # P(interested or not_interested | impression)
-    mean_gap_s: float = 600.0  # mean seconds between a pair's consecutive funnel events
-    batch_rows: int = 65_536  # at most this many rows per yielded batch
-    image_size: int = 32  # product images are image_size x image_size PNGs
-    vocab_words: int = 12  # pseudo-words per fine interest (mid and coarse get fewer)
-    filler_words: int = 60  # shared words that carry no interest
-
-    def __post_init__(self) -> None:
-        for name in ("branching", "click_rate"):  # lists from TOML/JSON overrides
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        if len(self.branching) != 3 or min(self.branching) < 1:
-            raise ValueError(f"branching must be three positive ints, got {self.branching}")
-        for name in ("n_windows", "window_days", "n_advertisers", "n_products", "n_users", "interests_per_user",
-                     "batch_rows", "image_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SyntheticConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.campaign_share + self.advertiser_share >= 1:
-            raise ValueError("campaign_share + advertiser_share must leave room for product impressions")
 
 
 @dataclass(frozen=True)
@@ -124,6 +83,11 @@ class _Plan:
     settled: _Pool  # first seen by the window start: present at any time of the window
 
 
+def _numbered(prefix: str, n: int) -> pa.Array:
+    """prefix + 0..n-1 with at least six digits: a000000, a000001, ..."""
+    return pc.binary_join_element_wise(prefix, pc.utf8_lpad(pa.array(np.arange(n)).cast(pa.string()), 6, "0"), "")
+
+
 def _us(ts: datetime) -> int:
     return (utc(ts) - EPOCH) // timedelta(microseconds=1)
 
@@ -162,8 +126,8 @@ class SyntheticSource(Source):
     def _ids(self) -> tuple[pa.Array, pa.Array]:
         """Entity ids in the global index order, and user ids."""
         world = self.world
-        ids = [f"{k[0]}{i:06d}" for k, p in zip(KINDS, (world.advertisers, world.campaigns, world.products)) for i in range(len(p.fs))]
-        return pa.array(ids, pa.string()), pa.array([f"u{i:06d}" for i in range(len(world.users.fs))], pa.string())
+        ids = pa.concat_arrays([_numbered(k[0], len(p.fs)) for k, p in zip(KINDS, (world.advertisers, world.campaigns, world.products))])
+        return ids, _numbered("u", len(world.users.fs))
 
     def span(self) -> tuple[datetime, datetime]:
         start = utc(self.config.start)
@@ -185,35 +149,64 @@ class SyntheticSource(Source):
             self._drawn.add(i)
 
     @cached_property
-    def _catalog(self) -> pa.Table:
-        """Every entity of every window, in CATALOG_SCHEMA (filtered by first_seen_ts per request)."""
+    def _text(self) -> dict[str, tuple[TextColumn, ...]]:
+        """Titles' and descriptions' words per KINDS (advertisers' titles are their brand names: None)."""
         world, h, cfg = self.world, self.world.hierarchy, self.config
-        adv, camp, prod, users = world.advertisers, world.campaigns, world.products, world.users
-        ids, user_ids = (a.to_pylist() for a in self._ids)
-        n_adv, n_camp, n_prod = len(adv.fs), len(camp.fs), len(prod.fs)
-        brands = brand_names(cfg, h, n_adv)
-        fine = np.concatenate([adv.fine, camp.fine, prod.fine])
-        parents = np.concatenate([adv.parent, camp.parent, prod.parent])
-        owner = [brands[p] for p in parents[n_adv:]]
-        win = [np.maximum(0, (e.fs - self._start) // self._wus) for e in (adv, camp, prod)]  # creation window
-        title = (brands + [f"{o} {t} campaign" for o, t in zip(owner, texts(cfg, h, camp.fine, win[1], 2, 1))]
-                 + [f"{o} {t}" for o, t in zip(owner[n_camp:], texts(cfg, h, prod.fine, win[2], 3, 2))])
-        desc = [d for e, w, words, tag in zip((adv, camp, prod), win, (10, 8, 16), (3, 4, 5))
-                for d in texts(cfg, h, e.fine, w, words, tag)]
-        n_u = len(users.fs)
-        return pa.Table.from_pydict({
-            "entity_id": ids + user_ids,
-            "entity_type": [k for k, n in zip(KINDS, (n_adv, n_camp, n_prod)) for _ in range(n)] + ["user"] * n_u,
-            "parent_id": [None if p < 0 else ids[p] for p in parents] + [None] * n_u,
-            "first_seen_ts": np.concatenate([self._entities.fs, users.fs]),
-            "title": title + [None] * n_u,
-            "description": desc + [None] * n_u,
-            "category": [h.names[1][m] for m in h.mid_of(fine)] + [None] * n_u,
-            "image_uri": [None] * (n_adv + n_camp) + [self.image_path(i).as_uri() for i in range(n_prod)] + [None] * n_u,
-            "video_uri": [None] * (n_adv + n_camp + n_prod + n_u),
-            "features": [None] * (n_adv + n_camp) + [[("price", f"{p:.2f}")] for p in prod.extra]
-            + [[("age_bucket", AGE_BUCKETS[a]), ("region", REGIONS[r])] for a, r in zip(users.age, users.region)],
-        }, schema=CATALOG_SCHEMA)
+        parts = (world.advertisers, world.campaigns, world.products)
+        win = [np.maximum(0, (e.fs - self._start) // self._wus) for e in parts]  # creation window
+        title = (None, TextColumn(cfg, h, parts[1].fine, win[1], 2, 1), TextColumn(cfg, h, parts[2].fine, win[2], 3, 2))
+        desc = tuple(TextColumn(cfg, h, e.fine, w, words, tag) for e, w, words, tag in zip(parts, win, (10, 8, 16), (3, 4, 5)))
+        return {"title": title, "description": desc}
+
+    @cached_property
+    def _brands(self) -> pa.Array:
+        return pa.array(brand_names(self.config, self.world.hierarchy, len(self.world.advertisers.fs)), pa.string())
+
+    def _catalog_rows(self, rows: np.ndarray) -> pa.Table:
+        """CATALOG_SCHEMA rows of global indices `rows` (sorted): [advertisers | campaigns | products], then users."""
+        world = self.world
+        parts = (world.advertisers, world.campaigns, world.products)
+        bounds = np.cumsum([0] + [len(p.fs) for p in parts] + [len(world.users.fs)])
+        cuts = np.searchsorted(rows, bounds)
+        tables = [self._kind_rows(k, rows[cuts[k]:cuts[k + 1]] - bounds[k]) for k in range(len(KINDS) + 1)
+                  if cuts[k + 1] > cuts[k]]
+        return pa.concat_tables(tables).combine_chunks() if tables else CATALOG_SCHEMA.empty_table()
+
+    def _kind_rows(self, k: int, local: np.ndarray) -> pa.Table:
+        """CATALOG_SCHEMA rows of one kind (KINDS index, len(KINDS) for users) at indices `local` within the kind."""
+        world, h, n = self.world, self.world.hierarchy, len(local)
+        ids, user_ids = self._ids
+        none = pa.nulls(n, pa.string())
+        ts_type = CATALOG_SCHEMA.field("first_seen_ts").type
+        if k == len(KINDS):
+            users = world.users
+            features = [[("age_bucket", AGE_BUCKETS[a]), ("region", REGIONS[r])] for a, r in zip(users.age[local], users.region[local])]
+            return pa.table([user_ids.take(local), pa.array(["user"] * n, pa.string()), none, pa.array(users.fs[local], ts_type),
+                             none, none, none, none, none, pa.array(features, CATALOG_SCHEMA.field("features").type)],
+                            schema=CATALOG_SCHEMA)
+        e = (world.advertisers, world.campaigns, world.products)[k]
+        offset = sum(len(p.fs) for p in (world.advertisers, world.campaigns)[:k])
+        parent = e.parent[local]
+        owner = self._brands.take(pa.array(parent, mask=parent < 0))
+        title, desc = (self._text[name][k] for name in ("title", "description"))
+        if k == 0:
+            title = self._brands.take(pa.array(local))
+        else:  # "<brand> <words> campaign", "<brand> <words>"
+            title = pc.binary_join_element_wise(owner, title.take(local), *(["campaign"] if k == 1 else []), " ")
+        images, features = none, pa.nulls(n, CATALOG_SCHEMA.field("features").type)
+        if KINDS[k] == "product":
+            images = pc.binary_join_element_wise(self._image_prefix, pc.utf8_lpad(pa.array(local).cast(pa.string()), 6, "0"), ".png", "")
+            features = pa.array([[("price", f"{p:.2f}")] for p in e.extra[local]], CATALOG_SCHEMA.field("features").type)
+        return pa.table([ids.take(pa.array(offset + local)), pa.array([KINDS[k]] * n, pa.string()),
+                         ids.take(pa.array(parent, mask=parent < 0)), pa.array(e.fs[local], ts_type), title, desc.take(local),
+                         pa.array(h.names[1], pa.string()).take(pa.array(h.mid_of(e.fine[local]))), images, none, features],
+                        schema=CATALOG_SCHEMA)
+
+    @cached_property
+    def _image_prefix(self) -> str:
+        """image_path(i).as_uri() up to the product's number."""
+        uri = self.image_path(0).as_uri()
+        return uri[:uri.rindex("/") + 2]
 
     @cached_property
     def _relations(self) -> pa.Table:
@@ -237,8 +230,12 @@ class SyntheticSource(Source):
                         keep.slice(start, self.config.batch_rows))
 
     def catalog(self, end: datetime) -> Iterator[Batch]:
+        """Every entity first seen before `end`, built batch_rows rows at a time (never the whole catalog at once)."""
         self._ensure_images(np.flatnonzero(self.world.products.fs < _us(end)))
-        yield from self._slices(self._catalog, end, "catalog")
+        keep = np.flatnonzero(np.concatenate([self._entities.fs, self.world.users.fs]) < _us(end))
+        for i, start in enumerate(range(0, max(len(keep), 1), self.config.batch_rows)):  # at least one batch
+            yield Batch(f"synthetic:seed={self.config.seed}/catalog/{utc(end):%Y-%m-%dT%H:%M:%S}#{i}",
+                        self._catalog_rows(keep[start:start + self.config.batch_rows]))
 
     def relations(self, end: datetime) -> Iterator[Batch]:
         yield from self._slices(self._relations, end, "relations")
@@ -332,7 +329,7 @@ class SyntheticSource(Source):
 
     def _impressions(self, rng: np.random.Generator, plan: _Plan, pool: _Pool, m: int) -> tuple[np.ndarray, ...]:
         """m (user, kind, entity) draws: users by activity, entities by popularity, mostly within the user's interests."""
-        user = np.searchsorted(pool.user_cdf, rng.random(m) * pool.user_cdf[-1], side="right")
+        user = search(pool.user_cdf, rng.random(m) * pool.user_cdf[-1])
         user = pool.users[np.minimum(user, len(pool.users) - 1)]
         kind = np.searchsorted(pool.kind_cdf, rng.random(m), side="right").clip(0, len(KINDS) - 1)
         slots = self.world.users.slots[user]  # (m, K)
@@ -367,9 +364,9 @@ class SyntheticSource(Source):
         world, h = self.world, self.world.hierarchy
         fine = np.concatenate([self._entities.fine, world.user_dominant()])
         ids, user_ids = self._ids
-        kinds = [k for k, p in zip(KINDS, (world.advertisers, world.campaigns, world.products)) for _ in range(len(p.fs))]
+        kinds = pa.array(KINDS + ("user",), pa.string()).take(pa.array(np.append(self._entities.kind, np.full(len(user_ids), len(KINDS)))))
         entities = pa.table({
-            "entity_id": pa.concat_arrays([ids, user_ids]), "entity_type": kinds + ["user"] * len(user_ids),
+            "entity_id": pa.concat_arrays([ids, user_ids]), "entity_type": kinds,
             "interest_l0": pa.array(h.coarse_of(fine), pa.int32()), "interest_l1": pa.array(h.mid_of(fine), pa.int32()),
             "interest_l2": pa.array(fine, pa.int32())})
         return GroundTruth(entities, h.table())

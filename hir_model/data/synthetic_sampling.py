@@ -7,6 +7,15 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def search(a: np.ndarray, v: np.ndarray, side: str = "right") -> np.ndarray:
+    """a.searchsorted(v, side), the same values, with v searched in sorted order: numpy then starts each search where
+    the last one ended, which at millions of entries is several times faster than random probes (cache misses)."""
+    order = np.argsort(v, kind="stable")
+    out = np.empty(len(v), np.intp)
+    out[order] = a.searchsorted(v[order], side=side)
+    return out
+
+
 @dataclass(frozen=True)
 class Picker:
     """Popularity-weighted sampling of one entity type's alive entities, overall or within an interest."""
@@ -29,7 +38,6 @@ class Picker:
         u = rng.random(len(fine))
         lo, hi = self.seg[fine], self.seg[fine + 1]
         ok = targeted & (hi > lo)  # an interest without alive entities falls back to popularity
-        pos = np.where(ok, np.searchsorted(self.cdf, fine + u, side="right"),
-                       np.searchsorted(self.gcdf, u * self.gcdf[-1], side="right"))
+        pos = np.where(ok, search(self.cdf, fine + u), search(self.gcdf, u * self.gcdf[-1]))
         pos = np.where(ok, np.clip(pos, lo, hi - 1), np.minimum(pos, len(self.ids) - 1))
         return self.ids[pos]

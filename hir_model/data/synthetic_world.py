@@ -1,25 +1,29 @@
-"""The entities of the synthetic ad ecosystem and their planted interests (small: held in memory).
+"""The entities of the synthetic ad ecosystem and their planted interests (numpy columns, held in memory).
 
 Everything here is a deterministic function of the config. Entities created in window w come from an
 RNG seeded by (seed, tag, w), so a shorter run is a prefix of a longer one. Times are int64
-microseconds since the epoch (UTC). Events are generated elsewhere (`synthetic.py`), batch by batch.
+microseconds since the epoch (UTC). Events are generated elsewhere (`synthetic.py`), batch by batch;
+entity text is drawn lazily, block by block (`TextColumn`), so no column of strings is held whole.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-if TYPE_CHECKING:
-    from hir_model.data.synthetic import SyntheticConfig
+from hir_model.data.synthetic_config import SyntheticConfig
 
 US_PER_DAY = 86_400_000_000
 AGE_BUCKETS = ("18-24", "25-34", "35-44", "45-54", "55+")
 REGIONS = ("north", "south", "east", "west", "central")
 _TAGS = {"vocab": 1, "advertisers": 2, "products": 3, "users": 4, "brands": 6}  # RNG stream tags (events use 10)
+# Text is drawn from one RNG stream per (window, block of this many rows of the window); block 0's stream is the one
+# a whole window used before blocks existed, so every window of the small preset (far fewer rows) is unchanged.
+TEXT_BLOCK_ROWS = 65_536
 
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "kl", "st", "tr", "sh", "qu")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "y")
@@ -51,6 +55,11 @@ class Hierarchy:
     @property
     def n_fine(self) -> int:
         return int(np.prod(self.branching))
+
+    @cached_property
+    def flat_words(self) -> pa.Array:
+        """Every interest word, fine then mid then coarse (each interest's vocabulary in a row), then the filler."""
+        return pa.array([w for level in (2, 1, 0) for vocab in self.words[level] for w in vocab] + self.filler, pa.string())
 
     def mid_of(self, fine: np.ndarray) -> np.ndarray:
         return np.asarray(fine) // self.branching[2]
@@ -235,22 +244,66 @@ def brand_names(cfg: SyntheticConfig, h: Hierarchy, n: int) -> list[str]:
     return [w.capitalize() for w in _pseudo_words(rng, n, taken)]
 
 
-def texts(cfg: SyntheticConfig, h: Hierarchy, fine: np.ndarray, window: np.ndarray, n_words: int, tag: int) -> list[str]:
-    """Space-separated words for each interest in `fine`: its own, its ancestors', filler and noise.
+def _text_block(cfg: SyntheticConfig, h: Hierarchy, fine: np.ndarray, n_words: int, tag: int, window: int,
+                block: int) -> pa.Array:
+    """Space-separated words for each interest in `fine` (the rows of one block of one creation window): the
+    interest's own, its ancestors', filler and noise."""
+    rng = np.random.default_rng([cfg.seed, _TAGS["vocab"], tag, window] + ([block] if block else []))
+    n = len(fine)
+    kind = rng.choice(5, size=(n, n_words), p=[0.3, 0.15, 0.1, 0.35, 0.1])  # fine, mid, coarse, filler, other fine
+    pick = rng.random((n, n_words))
+    other = rng.integers(h.n_fine, size=(n, n_words))
+    v2, v1, v0 = (len(h.words[level][0]) for level in (2, 1, 0))
+    mid_at = h.n_fine * v2  # where each level's words start in h.flat_words
+    coarse_at = mid_at + len(h.words[1]) * v1
+    filler_at = coarse_at + len(h.words[0]) * v0
+    f = np.asarray(fine)[:, None]
+    start = np.choose(kind, [f * v2, mid_at + h.mid_of(f) * v1, coarse_at + h.coarse_of(f) * v0,
+                             np.full_like(f, filler_at), other * v2])  # (n, n_words) first word of the vocabulary
+    size = np.array([v2, v1, v0, len(h.filler), v2])[kind]
+    words = h.flat_words.take(pa.array((start + (pick * size).astype(np.int64)).ravel()))
+    return pc.binary_join(pa.ListArray.from_arrays(pa.array(np.arange(0, n * n_words + 1, n_words, dtype=np.int32)), words), " ")
 
-    Entities created in the same window draw from one RNG stream, so adding windows keeps earlier text.
+
+@dataclass
+class TextColumn:
+    """One text field of one entity type, drawn block by block on request (memory: a block, not the column).
+
+    Rows are the type's entities in creation order; `window` is non-decreasing. Entities created in the same window
+    draw from that window's streams, so adding windows keeps earlier text.
     """
-    mid, coarse = h.mid_of(fine), h.coarse_of(fine)
-    out = []
-    for w in np.unique(window):  # window is non-decreasing (creation order)
-        rows = np.flatnonzero(window == w)
-        rng = np.random.default_rng([cfg.seed, _TAGS["vocab"], tag, int(w)])
-        kind = rng.choice(5, size=(len(rows), n_words), p=[0.3, 0.15, 0.1, 0.35, 0.1])  # fine, mid, coarse, filler, other
-        pick = rng.random((len(rows), n_words))
-        other = rng.integers(h.n_fine, size=(len(rows), n_words))
-        for r, i in enumerate(rows):
-            vocabs = (h.words[2][fine[i]], h.words[1][mid[i]], h.words[0][coarse[i]], h.filler)
-            words = [(vocabs[k] if k < 4 else h.words[2][o])[int(p * len(vocabs[k] if k < 4 else h.words[2][o]))]
-                     for k, p, o in zip(kind[r], pick[r], other[r])]
-            out.append(" ".join(words))
-    return out
+
+    cfg: SyntheticConfig
+    h: Hierarchy
+    fine: np.ndarray  # (n,) planted fine interest per row
+    window: np.ndarray  # (n,) creation window per row, non-decreasing
+    n_words: int
+    tag: int
+    _cache: dict = field(default_factory=dict, repr=False)  # the last blocks drawn
+
+    def take(self, rows: np.ndarray) -> pa.Array:
+        """The text of `rows` (sorted row indices)."""
+        rows = np.asarray(rows, np.int64)
+        if not len(rows):
+            return pa.array([], pa.string())
+        w = self.window[rows]
+        pos = rows - np.searchsorted(self.window, w, side="left")  # row within its window
+        key = w * (1 << 32) + pos // TEXT_BLOCK_ROWS
+        cuts = np.flatnonzero(np.diff(key)) + 1
+        parts = [self._block(int(w[a]), int(pos[a] // TEXT_BLOCK_ROWS)).take(pa.array(pos[a:b] % TEXT_BLOCK_ROWS))
+                 for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(rows)]]))]
+        return pa.concat_arrays(parts)
+
+    def _block(self, w: int, block: int) -> pa.Array:
+        if (w, block) not in self._cache:
+            first = int(np.searchsorted(self.window, w, side="left")) + block * TEXT_BLOCK_ROWS
+            last = min(first + TEXT_BLOCK_ROWS, int(np.searchsorted(self.window, w, side="right")))
+            if len(self._cache) >= 4:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[w, block] = _text_block(self.cfg, self.h, self.fine[first:last], self.n_words, self.tag, w, block)
+        return self._cache[w, block]
+
+
+def texts(cfg: SyntheticConfig, h: Hierarchy, fine: np.ndarray, window: np.ndarray, n_words: int, tag: int) -> pa.Array:
+    """Every row's text at once (rows in creation order): `TextColumn.take` of all rows."""
+    return TextColumn(cfg, h, np.asarray(fine), np.asarray(window), n_words, tag).take(np.arange(len(fine)))

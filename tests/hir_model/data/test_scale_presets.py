@@ -8,7 +8,9 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
+from hir_model.config import ConfigError, load_config
 from hir_model.data.synthetic import SyntheticConfig, SyntheticSource
+from hir_model.data.synthetic_config import preset
 from hir_model.data.windows import WindowSpec
 
 # sha256 prefixes of every table the default generator produced before presets existed (commit 969d82f):
@@ -46,3 +48,57 @@ def digests(source: SyntheticSource) -> tuple[str, ...]:
 @pytest.mark.parametrize("seed", sorted(SMALL_DIGESTS))
 def test_default_generator_is_unchanged(seed, tmp_path):
     assert digests(SyntheticSource(replace(SyntheticConfig(), seed=seed), tmp_path)) == SMALL_DIGESTS[seed]
+
+
+def test_small_preset_is_the_default_config():
+    assert preset("small") == SyntheticConfig() == preset()
+
+
+@pytest.mark.parametrize("scale, factor", [("medium", 10), ("large", 100), ("xl", 1000)])
+def test_presets_grow_entities_and_events_together(scale, factor):
+    cfg, base = preset(scale), SyntheticConfig()
+    assert (cfg.n_users, cfg.n_products, cfg.events_per_window) == (base.n_users * factor, base.n_products * factor,
+                                                                    base.events_per_window * factor)
+    assert cfg.new_users_per_window == base.new_users_per_window * factor and cfg.branching == base.branching
+
+
+def test_scale_from_the_file_or_the_environment(tmp_path):
+    path = tmp_path / "hir.toml"
+    path.write_text('source = "synthetic"\n[synthetic]\nscale = "medium"\nseed = 3\nevents_per_window = 500\n')
+    cfg = load_config(path, env={})
+    source = cfg.make_source()
+    assert source.config == replace(preset("medium"), seed=3, events_per_window=500)  # explicit keys over the preset
+    assert source.data_dir == tmp_path / "data" / "synthetic-medium-seed3"
+    assert cfg.storage_uri == str(tmp_path / ".hir" / "storage" / "synthetic-medium")
+    cfg = load_config(path, env={"HIR_SYNTHETIC_SCALE": "large"})
+    assert cfg.make_source().config.n_users == preset("large").n_users
+    assert cfg.storage_uri.endswith("synthetic-large")
+    small = load_config(path, env={"HIR_SYNTHETIC_SCALE": "small"})
+    assert small.storage_uri.endswith("storage/synthetic") and small.make_source().data_dir.name == "synthetic-seed3"
+
+
+def test_the_scale_travels_through_the_dagster_resource(tmp_path):
+    from dagster_project.resources import SourceResource
+
+    path = tmp_path / "hir.toml"
+    path.write_text('source = "synthetic"\n')
+    resource = SourceResource.from_config(load_config(path, env={"HIR_SYNTHETIC_SCALE": "large"}))
+    assert resource.get().config == preset("large")
+
+
+def test_unknown_scale_is_refused(tmp_path):
+    path = tmp_path / "hir.toml"
+    path.write_text('source = "synthetic"\n[synthetic]\nscale = "huge"\n')
+    with pytest.raises(ConfigError, match="scale 'huge'"):
+        load_config(path, env={}).make_source()
+
+
+def test_the_world_does_not_import_the_source():
+    import ast
+    import inspect
+
+    from hir_model.data import synthetic_world
+
+    tree = ast.parse(inspect.getsource(synthetic_world))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "hir_model.data.synthetic" not in imported
