@@ -48,16 +48,21 @@ def served_recall(rec: Recommender, users: list[str], k: int = 100, probe_factor
 
 def tune_probe_factor(rec: Recommender, users: list[str], k: int, target: float, max_share: float) -> tuple[float, float]:
     """(factor, its mean recall@k on `users`): the smallest of FACTORS reaching `target` whose mean candidates stay within
-    `max_share` of the items; the largest within that share when none reaches it."""
+    `max_share` of the items; the largest within that share when none reaches it.
+
+    The served top-k is the head's top-k within the candidates, so an exact top-k item is served iff it is a candidate:
+    recall is |exact top-k & candidates| / |exact top-k|, with no rescoring per factor."""
     if not users:
         return rec.probe_factor, 1.0
-    exact = [rows for rows, _ in rec.top(rec.user_batch(users), k, exact=True)]
+    batch = rec.user_batch(users)
+    exact = [rows for rows, _ in rec.top(batch, k, exact=True)]
     best = (FACTORS[0], 0.0)
     for factor in FACTORS:
-        report = served_recall(rec, users, k, factor, exact)
-        if report.candidate_fraction > max_share and factor > FACTORS[0]:
+        cands = rec.candidates(batch, k, factor)
+        if np.mean([len(c) for c in cands]) / max(rec.state.n_items, 1) > max_share and factor > FACTORS[0]:
             break
-        best = (factor, report.recall)
-        if report.recall >= target:
+        found = [np.isin(e, c).sum() / len(e) for e, c in zip(exact, cands) if len(e)]
+        best = (factor, float(np.mean(found)) if found else 1.0)
+        if best[1] >= target:
             break
     return best
