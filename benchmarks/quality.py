@@ -128,8 +128,9 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
     from hir_model.hierarchy.build import HIERARCHY_ASSET
     from hir_model.hierarchy.interest_hierarchy import hierarchy_window
     from hir_model.rank.state import HEAD_ASSET, write_head
-    from hir_model.rank.window import build_head_state
-    from hir_model.retrieval.window import BOM_ASSET, build_window_index
+    from hir_model.rank.ranking_head import build_head_state
+    from hir_model.retrieval.index import BOM_ASSET
+    from hir_model.rank.bom_index import build_window_index
     from hir_model.train.trainer import train_window
 
     needed = [k for k in keys if spec.next(spec.window(k)) is not None]
@@ -188,7 +189,7 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
 def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None) -> list:
     """Every window of `keys` through `evaluate_published_window` (HIR's rows + baselines), in time order, each
     warm-starting from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window."""
-    from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window
+    from hir_model.eval.window_evaluation import WindowEvalConfig, WindowOutcome, evaluate_published_window
 
     config = WindowEvalConfig()
 

@@ -8,7 +8,7 @@ Cases:
 - `synthetic_<N>k`: a synthetic catalogue of N items (default 100,000; --quick 20,000) in a 64-d space: items drawn
   around 2,000 interest centres with power-law popularity, users with a history of 5-60 items from 1-3 interests, the
   hierarchy as k-means prototypes (64 / 1,024 primitives, top-3 soft assignments), the index built and its budget
-  tuned exactly as `bom_index` does (hir_model.retrieval.window), with the share of items capped at a tenth. No encoder
+  tuned exactly as `bom_index` does (hir_model.rank.bom_index), with the share of items capped at a tenth. No encoder
   is trained: the subject is the serving path at scale, not the representation.
 
     .venv/bin/python benchmarks/retrieval.py [--quick] [--items N] [--users U] [--store PATH] [--window KEY]
@@ -74,7 +74,7 @@ def report(case: str, rec: Recommender, users: list[str], tuned: float | None) -
 
 
 def store_case(root: Path, window: str | None, n_users: int) -> None:
-    from hir_model.retrieval.window import BOM_ASSET
+    from hir_model.retrieval.index import BOM_ASSET
     from hir_model.storage import PartitionStore
 
     store = PartitionStore(root)
@@ -147,7 +147,7 @@ def synthetic_world(n_items: int, n_users: int, dim: int = 64, interests: int = 
 
 def synthetic_case(n_items: int, n_users: int, n_queries: int, n_calibration: int = 300) -> None:
     from hir_model.embed import EntityEmbeddings
-    from hir_model.retrieval.window import sample_users
+    from hir_model.rank.bom_index import sample_users
 
     case = f"synthetic_{n_items // 1000}k"
     t0 = time.perf_counter()

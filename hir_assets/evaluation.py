@@ -24,7 +24,7 @@ from hir_model.eval.agreement import agreement_markdown
 from hir_model.eval.publish import EVALUATION_ASSET, collect, write_evaluation
 from hir_model.eval.pages import comparison_table, report_path, user_band
 from hir_model.eval.report import lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, timing_table
-from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
+from hir_model.eval.window_evaluation import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
 from hir_model.graph.window import GRAPH_ASSET
 from hir_model.hierarchy.build import HIERARCHY_ASSET
 from hir_model.rank.state import HEAD_ASSET

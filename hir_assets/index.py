@@ -11,12 +11,12 @@ from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.embed import EMBEDDINGS_ASSET
 from hir_model.graph.window import GRAPH_ASSET
 from hir_model.hierarchy.build import HIERARCHY_ASSET
+from hir_model.rank.bom_index import build_window_index
 from hir_model.rank.fit import WEIGHTS
 from hir_model.rank.head import HeadConfig
+from hir_model.rank.ranking_head import build_head_state
 from hir_model.rank.state import HEAD_ASSET, HeadState, write_head
-from hir_model.rank.window import build_head_state
 from hir_model.retrieval import BOM_ASSET, IndexConfig
-from hir_model.retrieval.window import build_window_index
 from hir_model.train.checkpoint import ENCODER_ASSET
 
 GROUP = "index"

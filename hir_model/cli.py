@@ -42,7 +42,7 @@ def _retrieve(args: argparse.Namespace) -> int:
 
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # before the import: its CPU-feature probing is noise here
     from hir_model.rank.recommender import Recommender, UnknownUser
-    from hir_model.retrieval.window import load_window_index
+    from hir_model.retrieval.load_index import load_window_index
     from hir_model.storage import PartitionStore
 
     if not (args.user or args.entity or args.context or args.context_file):

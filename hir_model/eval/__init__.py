@@ -7,7 +7,7 @@ agreement.py NMI / ARI of the hierarchy against planted interests; per-level pri
 text_vectors.py  a hashed TF-IDF stand-in for content vectors when `content_embeddings` is not materialised
 lift.py      the downstream conversion model with and without an extra feature block
 run.py       evaluate_window(store, spec, key, methods) from the published tables
-window.py    one window as the `window_evaluation` asset computes it: HIR's rows + baselines, lift, agreement, warm starts
+window_evaluation.py  one window as the `window_evaluation` asset computes it: HIR's rows + baselines, lift, agreement, warm starts
 publish.py   the asset's files (metrics, per-user values, summary, baseline state) and reading them back over windows
 report.py    markdown tables and PNG plots over the evaluated windows
 pages.py     the comparisons with CIs, the HTML page, the demo summary, the per-source report

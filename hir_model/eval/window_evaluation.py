@@ -89,7 +89,7 @@ def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int
     from hir_model.rank.inductive import InductiveEncoder
     from hir_model.rank.recommender import Recommender, user_rows
     from hir_model.rank.state import read_head
-    from hir_model.retrieval.window import load_probe_factor, load_retriever
+    from hir_model.retrieval.load_index import load_probe_factor, load_retriever
 
     wanted = [n for n in HIR_ROWS if n in names]
     if not wanted:

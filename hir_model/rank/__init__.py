@@ -4,12 +4,13 @@ head.py         head_scores: the one function that scores items for a user state
                 kernel + item prior; cold: the encoder's vector + structural readout + new users' prior)
 fit.py          the state's fitted parts at end(t): item priors, the prior's weight on window t's last days
 state.py        HeadState, published per window as the `ranking_head` asset (items, history, head.json)
-window.py       build_head_state from window t's published tables (what the asset computes)
+ranking_head.py build_head_state from window t's published tables (what the `ranking_head` asset computes)
 artefacts.py    what HIR publishes for window t (embeddings, checkpoint, graph, content), loaded from the store
 inductive.py    the frozen encoder on what it never embedded: cold users from a context, items without a row
 cold_tokens.py  a cold user's token arrays while inductive.py assembles its sequence
 recommender.py  Recommender: BoM candidates -> head scores -> engaged items removed (hir retrieve, hir serve, evaluation)
 context.py      a served user's context from the command line or a file
 tune.py         served top-k vs the head's exact top-k, and the candidate budget that reaches a target
+bom_index.py    the window's BoM index over the head's items with that budget (what the `bom_index` asset computes)
 serve.py        `hir serve`: the Recommender over HTTP, switching to a newer window when it lands
 """

@@ -1,5 +1,6 @@
-"""One window's Bag-of-Meaning index over the ranking head's items (what the `bom_index` asset computes), its candidate
-budget tuned against the head's exact ranking, and loading a materialised window's index for queries."""
+"""One window's Bag-of-Meaning index over the ranking head's items (what the `bom_index` asset computes), with its
+candidate budget tuned against the head's exact ranking (hir_model.rank.tune); hir_model.retrieval.load_index reads it
+back for queries."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hir_model.embed import EntityEmbeddings
 from hir_model.embed.entity_embeddings import load_embeddings
 from hir_model.hierarchy.build import ASSIGNMENTS_FILE, HIERARCHY_ASSET, PRIMITIVES_FILE
+from hir_model.rank.recommender import Recommender, user_rows
 from hir_model.rank.state import HEAD_ASSET, read_head
-from hir_model.retrieval.index import BOM_ASSET, PROBE_FILE, IndexConfig, Retriever, write_index
+from hir_model.rank.tune import served_recall, tune_probe_factor
+from hir_model.retrieval.index import PROBE_FILE, IndexConfig, Retriever, write_index
 from hir_model.retrieval.tokens import PostingStats, bom_tokens, build_postings
 from hir_model.storage import PartitionStore
 
@@ -42,9 +44,6 @@ def sample_users(user_ids: np.ndarray, n: int, seed: int = 0) -> list[str]:
 def build_window_index(store: PartitionStore, key: str, folder: Path, config: IndexConfig = IndexConfig()) -> BomBuild:
     """Write tokens, postings, items (the ranking head's, in its order) and the faiss index into `folder` (a staging
     folder); tune the candidate budget on calibration users and measure recall on other users."""
-    from hir_model.rank.recommender import Recommender, user_rows
-    from hir_model.rank.tune import served_recall, tune_probe_factor
-
     for asset, name in ((HIERARCHY_ASSET, ASSIGNMENTS_FILE), (HEAD_ASSET, None)):
         if not store.exists(asset, key, name):
             raise FileNotFoundError(f"{asset} for window {key} was never materialised under {store.root}")
@@ -73,43 +72,3 @@ def build_window_index(store: PartitionStore, key: str, folder: Path, config: In
     ids = set(emb.entity_id)
     missing = {lv: len(ids - set(tokens.filter(pc.equal(tokens["level"], lv))["entity_id"].to_pylist())) for lv in levels}
     return BomBuild(tokens, stats, recall, n_items, len(levels), len(emb), missing, factor, calibrated)
-
-
-def load_probe_factor(store: PartitionStore, key: str) -> float | None:
-    """The window's tuned candidate budget (None: no probe.json)."""
-    path = store.partition_dir(BOM_ASSET, key) / PROBE_FILE
-    return json.loads(path.read_text()).get("probe_factor") if path.is_file() else None
-
-
-def load_retriever(store: PartitionStore, key: str, emb: EntityEmbeddings | None = None) -> Retriever:
-    if not store.exists(BOM_ASSET, key):
-        raise FileNotFoundError(f"window {key} was never materialised: no {BOM_ASSET}/{key} under {store.root} "
-                                f"(materialised windows: {', '.join(store.partitions(BOM_ASSET)) or 'none'})")
-    return Retriever.load(store.partition_dir(BOM_ASSET, key), emb if emb is not None else load_embeddings(store, key))
-
-
-@dataclass(frozen=True)
-class WindowIndex:
-    retriever: Retriever
-    labels: dict[str, str]  # token -> label
-
-    def describe(self, entity: str, per_level: int = 1) -> str:
-        """The entity's heaviest tokens per level with their labels, e.g. `L0:3 (0.82, drama war)`."""
-        by_level: dict[str, list[tuple[str, float]]] = {}
-        for t, w in self.retriever.tokens.get(entity, ()):
-            by_level.setdefault(t.split(":")[0], []).append((t, w))
-        out = []
-        for lv in sorted(by_level):
-            for t, w in sorted(by_level[lv], key=lambda x: -x[1])[:per_level]:
-                out.append(f"{t} ({w:.2f}{', ' + self.labels[t] if self.labels.get(t) else ''})")
-        return " ".join(out)
-
-
-def load_window_index(store: PartitionStore, key: str) -> WindowIndex:
-    """A materialised window, ready for queries; FileNotFoundError naming what is missing otherwise."""
-    retriever = load_retriever(store, key)
-    labels = {}
-    if store.exists(HIERARCHY_ASSET, key, PRIMITIVES_FILE):
-        prim = store.read(HIERARCHY_ASSET, key, PRIMITIVES_FILE, columns=["level", "primitive", "label"])
-        labels = {f"L{lv}:{p}": lab or "" for lv, p, lab in zip(*(prim[c].to_pylist() for c in ("level", "primitive", "label")))}
-    return WindowIndex(retriever, labels)

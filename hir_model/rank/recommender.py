@@ -8,7 +8,7 @@ served. A query is answered in three steps:
    interest kernel's terms: PinnerSage-style multi-query), and the items with the largest prior (the head's bias
    term reaches them whatever the query); each source skips the items the user already engaged with, and the query
    vector's probe gives `probe_factor` x max(k, 100) of them, tuned per window so that the served top-100 matches the head's
-   exact top-100 (hir_model.retrieval.window, hir_model.rank.tune).
+   exact top-100 (hir_model.rank.bom_index, hir_model.rank.tune).
 2. Scores: `head_scores` over the candidates (exact: over every item).
 3. The items the user already engaged with by end(t) (a cold user: its context) are removed unless `include_seen`.
 """
@@ -87,7 +87,8 @@ class Recommender:
         """Window `window`'s ranking head, users' rows and BoM index from the store; FileNotFoundError naming what is
         missing (and which windows are materialised)."""
         from hir_model.embed.entity_embeddings import load_embeddings
-        from hir_model.retrieval.window import BOM_ASSET, load_probe_factor, load_retriever
+        from hir_model.retrieval.index import BOM_ASSET
+        from hir_model.retrieval.load_index import load_probe_factor, load_retriever
 
         for asset in (HEAD_ASSET, BOM_ASSET):
             if not store.exists(asset, window):

@@ -33,11 +33,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from hir_model.rank.context import context_event
-from hir_model.rank.context import parse_context
+from hir_model.rank.context import context_event, parse_context
 from hir_model.rank.recommender import ContextEvent, Recommender, UnknownUser
 from hir_model.rank.state import HEAD_ASSET
-from hir_model.retrieval.window import BOM_ASSET
+from hir_model.retrieval.index import BOM_ASSET
 
 log = logging.getLogger("hir.serve")
 

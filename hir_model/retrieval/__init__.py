@@ -5,7 +5,8 @@ takes its candidates from) and `Retriever.similar` (items like an entity, by dot
 Public API: `TOKENS_SCHEMA`, `POSTINGS_SCHEMA`, `bom_tokens`, `build_postings`, `PostingStats`, `posting_cap`,
 `read_postings`, `token_name`; `IndexConfig`, `build_faiss`, `write_index`, `Codebook`, `read_codebooks`, `Retriever`,
 `Hit`; the asset name `BOM_ASSET` and its file names `TOKENS_FILE`, `POSTINGS_FILE`, `ITEMS_FILE`, `FAISS_FILE`,
-`CODEBOOK_FILE`, `PROBE_FILE`; `DEFAULT_PROBE_FACTOR`.
+`CODEBOOK_FILE`, `PROBE_FILE`; `DEFAULT_PROBE_FACTOR`. A materialised window's index read back: hir_model.retrieval.load_index
+(built by hir_model.rank.bom_index, which tunes its budget against the ranking head).
 """
 
 from hir_model.retrieval.index import (BOM_ASSET, CODEBOOK_FILE, DEFAULT_PROBE_FACTOR, FAISS_FILE, ITEMS_FILE, PROBE_FILE,

@@ -3,7 +3,7 @@ item-to-item similarity. Everything is stored as plain files (Parquet, faiss.wri
 
 Files under `bom_index/<window>/`: `tokens.parquet`, `postings.parquet`, `items.parquet` (row -> entity_id, entity_type;
 row r is faiss id r and the ranking head's item row r), `items.faiss`, `codebook.parquet` (token, level, centroid: the
-query side's codebook) and `probe.json` (the tuned candidate budget, hir_model.retrieval.window).
+query side's codebook) and `probe.json` (the tuned candidate budget, hir_model.rank.bom_index).
 
 Probing. An entity's stored bag holds its top-k primitives per level (k = 3), too few to cover a user's exact top-100:
 a fine primitive's list holds ~3 x items / K_fine items, and a coarse one's is cut to its heaviest 5%. So a query is

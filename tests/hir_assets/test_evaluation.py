@@ -103,7 +103,7 @@ def test_the_leak_guard_fails_on_any_read_after_t_but_the_next_windows_events(ev
     from dataclasses import replace
 
     from hir_assets.evaluation import check_results
-    from hir_model.eval.window import evaluate_published_window
+    from hir_model.eval.window_evaluation import evaluate_published_window
 
     store, _ = evaluated
     outcome = evaluate_published_window(store, SPEC, KEYS[0])

@@ -28,7 +28,7 @@ from hir_model.hierarchy.build import HIERARCHY_ASSET
 from hir_model.nn import Encoder, EncoderConfig
 from hir_model.rank.recommender import Recommender
 from hir_model.rank.state import HEAD_ASSET
-from hir_model.retrieval.window import BOM_ASSET
+from hir_model.retrieval.index import BOM_ASSET
 from hir_model.storage import PartitionStore
 from hir_model.train.checkpoint import checkpoint_path, save_checkpoint
 

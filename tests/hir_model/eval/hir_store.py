@@ -15,8 +15,8 @@ from hir_model.embed.entity_embeddings import embed_window
 from hir_model.graph.window import build_window_graph, to_us
 from hir_model.nn import Encoder, EncoderConfig
 from hir_model.rank.head import HeadConfig
+from hir_model.rank.ranking_head import build_head_state
 from hir_model.rank.state import HEAD_ASSET, write_head
-from hir_model.rank.window import build_head_state
 from hir_model.storage import PartitionStore
 from hir_model.train.checkpoint import checkpoint_path, save_checkpoint
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store

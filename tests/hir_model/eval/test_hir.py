@@ -19,7 +19,7 @@ from hir_model.rank.inductive import InductiveEncoder
 from hir_model.rank.recommender import Recommender, user_rows
 from hir_model.rank.state import HEAD_ASSET, read_head
 from hir_model.eval.run import EvalConfig, TableReader, load_split
-from hir_model.eval.window import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
+from hir_model.eval.window_evaluation import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
 from hir_model.graph.build import GraphConfig
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.types import EDGE_TYPES, NODE_TYPES
@@ -170,10 +170,11 @@ def test_the_last_window_is_skipped_and_stateful_baselines_warm_start_from_earli
 
 
 def test_hierarchy_and_bom_index_add_lift_features_agreement_and_the_served_row(tmp_path):
-    from hir_model.eval.window import BOM_ASSET, HIERARCHY_ASSET
+    from hir_model.retrieval.index import BOM_ASSET
+    from hir_model.hierarchy.build import HIERARCHY_ASSET
     from hir_model.retrieval import IndexConfig
     from hir_model.hierarchy.interest_hierarchy import hierarchy_window
-    from hir_model.retrieval.window import build_window_index
+    from hir_model.rank.bom_index import build_window_index
 
     store = hir_store(tmp_path / "store")
     without = evaluate_published_window(store, SPEC, KEYS[0], WindowEvalConfig())

@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 MODULES = [f"hir_model.eval.{m}" for m in ("agreement", "compare", "hir", "lift", "pages", "publish", "report", "run",
-                                              "text_vectors", "window")]
+                                              "text_vectors", "window_evaluation")]
 MODULES += [f"hir_model.protocol.{m}" for m in ("split", "metrics", "method", "stats")]
 MODULES += [f"hir_model.baselines.{m}" for m in ("als", "content_knn", "lightgcn", "popularity", "registry", "sequence")]
 

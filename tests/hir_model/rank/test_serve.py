@@ -22,10 +22,11 @@ from hir_model.cli import main
 from hir_model.graph.window import to_us
 from hir_model.hierarchy.build import HIERARCHY_ASSET
 from hir_model.hierarchy.interest_hierarchy import hierarchy_window
+from hir_model.rank.bom_index import build_window_index
 from hir_model.rank.recommender import ContextEvent, Recommender, UnknownUser
 from hir_model.rank.serve import ServeConfig, WindowSwitcher
 from hir_model.retrieval import IndexConfig
-from hir_model.retrieval.window import BOM_ASSET, build_window_index
+from hir_model.retrieval.index import BOM_ASSET
 from hir_model.storage import PartitionStore
 from hir_model.train.checkpoint import checkpoint_path
 from tests.hir_model.eval.hir_store import KEYS, SPEC, hir_store

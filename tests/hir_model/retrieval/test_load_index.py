@@ -6,7 +6,8 @@ import pytest
 
 from hir_model.embed.entity_embeddings import embed_window, load_embeddings
 from hir_model.hierarchy.interest_hierarchy import hierarchy_window
-from hir_model.retrieval.window import build_window_index, load_window_index
+from hir_model.rank.bom_index import build_window_index
+from hir_model.retrieval.load_index import load_window_index
 from hir_model.storage import PartitionStore
 from hir_model.train.checkpoint import CheckpointError
 
