@@ -13,27 +13,30 @@ import dagster as dg
 warnings.filterwarnings("ignore", category=dg.BetaWarning)
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
-from dagster_project.content_resources import ContentModels
-from dagster_project.notify import AlertLogNotifier, Notifier, WebhookNotifier
-from dagster_project.partitions import window_partitions
 from dagster_aws.s3 import S3Resource
 
-from dagster_project.resources import LocalPartitionStorage, PartitionStorage, S3PartitionStorage, SourceResource
-from dagster_project.schedules import build_window_job, build_window_schedule
+from dagster_project.jobs import adapter_job, build_evaluation_job, build_window_job, report_job
+from dagster_project.notify import AlertLogNotifier, Notifier, WebhookNotifier
+from dagster_project.schedules import build_window_schedule
 from dagster_project.sensors import build_alert_sensor
+from hir_assets.adapter import build_adapter_assets
+from hir_assets.content_resources import ContentModels
 from hir_assets.enrichment import build_enrichment_assets
+from hir_assets.evaluation import build_evaluation_assets
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
-from hir_assets.adapter import adapter_job, build_adapter_assets
-from hir_assets.evaluation import build_evaluation_assets, build_evaluation_job
 from hir_assets.hierarchy import build_hierarchy_assets
 from hir_assets.index import build_index_assets
-from hir_assets.report import build_report_assets, report_job, report_settings
+from hir_assets.partitions import window_partitions
+from hir_assets.report import build_report_assets, report_settings
+from hir_assets.resources import LocalPartitionStorage, PartitionStorage, S3PartitionStorage, SourceResource
 from hir_assets.training import build_training_assets
+from hir_model.adapter.objective_adapter import ADAPTER_ASSET
 from hir_model.config import PROJECT_ROOT, HIRConfig, load_config
+from hir_model.train.checkpoint import ENCODER_ASSET
 
 OWNER = "team:hir"  # who an alert or a stale asset is for (the catalogue's Owner column)
-GPU_ASSETS = ("hir_encoder", "objective_adapter")  # training steps: the `gpu` pool, one at a time on the local instance
+GPU_ASSETS = (ENCODER_ASSET, ADAPTER_ASSET)  # training steps: the `gpu` pool, one at a time on the local instance
 
 
 def build_definitions(config: HIRConfig) -> dg.Definitions:

@@ -16,10 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dagster_project.definitions import defs
-from dagster_project.schedules import WINDOW_JOB
-from hir_assets.adapter import ADAPTER_JOB
-from hir_assets.evaluation import EVALUATION_JOB
-from hir_assets.report import REPORT_ASSET, REPORT_JOB
+from dagster_project.jobs import ADAPTER_JOB, EVALUATION_JOB, REPORT_JOB, WINDOW_JOB
+from hir_assets.report import REPORT_ASSET
 from hir_model.eval.pages import print_last_window
 from hir_model.adapter.fit import OBJECTIVES
 from data_contracts import CONVERSION_EVENT

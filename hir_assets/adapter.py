@@ -1,7 +1,7 @@
 """Objective adapters: per (window, objective), a small adapter on the frozen encoder's embeddings, and its gain.
 
 `objective_adapter` is partitioned by window x objective, so it cannot share a job with the window-partitioned
-assets: it runs in its own job (`adapter_job`), after `entity_embeddings` of the window. Its lineage names the
+assets: it runs in its own job (dagster_project.jobs), after `entity_embeddings` of the window. Its lineage names the
 window's own `entity_embeddings` and `raw_events`; it also reads `raw_events` of the earlier windows (training
 history up to the window end, like the graph) and of window t+1 (the gain only, never training). Those two reads
 are not declared as dependencies: the earlier windows are already upstream of the window's embeddings through the
@@ -11,7 +11,7 @@ last window would wait for a window that does not exist.
 
 import dagster as dg
 
-from dagster_project.resources import PartitionStorage
+from hir_assets.resources import PartitionStorage
 from hir_model.adapter.fit import OBJECTIVES, AdapterConfig
 from hir_model.adapter.objective_adapter import ADAPTER_ASSET, adapt_window, write_adapter
 from hir_model.data.tables import EVENTS_ASSET
@@ -19,7 +19,6 @@ from hir_model.data.windows import Window, utc
 from hir_model.embed import EMBEDDINGS_ASSET
 
 GROUP = "training"
-ADAPTER_JOB = "objective_adapters"
 LOSS_DECREASED_CHECK = "adapter_loss_decreased"
 SAME_WINDOW = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="window")
 
@@ -85,9 +84,3 @@ def build_adapter_assets(window_partitions: dg.TimeWindowPartitionsDefinition) -
         return dg.MaterializeResult(metadata=metadata, check_results=[check])
 
     return [objective_adapter]
-
-
-def adapter_job() -> "dg.UnresolvedAssetJobDefinition":  # a string: the class is not exported by this dagster
-    """objective_adapter alone: its window x objective partitions keep it out of the window-partitioned jobs."""
-    return dg.define_asset_job(ADAPTER_JOB, selection=dg.AssetSelection.assets(ADAPTER_ASSET),
-                               description="One objective's adapter on one window's embeddings (after entity_embeddings).")

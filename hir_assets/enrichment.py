@@ -4,8 +4,8 @@
 import dagster as dg
 import pyarrow as pa
 
-from dagster_project.content_resources import ContentModels
-from dagster_project.resources import PartitionStorage, SourceResource
+from hir_assets.content_resources import ContentModels
+from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import (CATALOG_CLIP, CONTENT_ASSET, CONTENT_FILE, embed_window, embedding_report, interest_agreement,
                                load_checkpoint, refresh, write_checkpoint)
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE

@@ -2,8 +2,8 @@
 
 Window t is evaluated once window t+1's `raw_events` are published. Until then the asset is skipped: the run
 succeeds, the partition stays unmaterialised, and an observation on the asset (and a warning in the run log) says
-why. So window t's own run skips it; `build_evaluation_job` (window_evaluation alone) evaluates t once t+1 is in,
-e.g. right after t+1's run, or as a second pass over the windows.
+why. So window t's own run skips it; the evaluation job (window_evaluation alone, dagster_project.jobs) evaluates t
+once t+1 is in, e.g. right after t+1's run, or as a second pass over the windows.
 """
 
 
@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 import dagster as dg
 import pyarrow.parquet as pq
 
-from dagster_project.partitions import window_of
-from dagster_project.resources import PartitionStorage, SourceResource
+from hir_assets.partitions import window_of
+from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.data.windows import CRON, WindowSpec
@@ -32,7 +32,6 @@ from hir_model.retrieval.index import BOM_ASSET
 from hir_model.train.checkpoint import ENCODER_ASSET
 
 GROUP = "evaluation"
-EVALUATION_JOB = "window_evaluation_job"
 CAUSAL_READS_CHECK = "reads_only_t_and_next_events"
 HIR_EVALUATED_CHECK = "hir_evaluated"
 THIS_AND_NEXT = dg.TimeWindowPartitionMapping(start_offset=0, end_offset=1, allow_nonexistent_upstream_partitions=True)
@@ -110,13 +109,6 @@ def check_results(outcome: WindowOutcome, key: str) -> list[dg.AssetCheckResult]
         dg.AssetCheckResult(check_name=HIR_EVALUATED_CHECK, passed=bool(hir.get("evaluated")), severity=dg.AssetCheckSeverity.WARN,
                             description=hir.get("reason", f"HIR scored {ev.counts.warm_users} warm and {ev.counts.cold_users} cold users")),
     ]
-
-
-def build_evaluation_job(partitions: dg.TimeWindowPartitionsDefinition):
-    """window_evaluation alone, one partition per run: what a second pass over the windows runs (window t's run
-    cannot evaluate t, since t+1's events come later)."""
-    return dg.define_asset_job(EVALUATION_JOB, selection=[EVALUATION_ASSET], partitions_def=partitions,
-                               description="evaluate window t on window t+1's events (after t+1 is ingested)")
 
 
 def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> list[dg.AssetsDefinition]:

@@ -5,11 +5,11 @@ from contextlib import contextmanager
 import dagster as dg
 import pyarrow.compute as pc
 
-from dagster_project.partitions import window_of
-from dagster_project.resources import PartitionStorage, SourceResource
 from data_contracts import CATALOG, CONTRACTS, CONVERSION_EVENT, EVENTS, RELATIONS, ContractError
 from hir_assets.checks import (NOT_EMPTY_CHECK, contract_check_results, contract_check_specs, rejected_result,
                                rejected_spec)
+from hir_assets.partitions import window_of
+from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.data.ingest import IngestReport
 from hir_model.data.tables import (CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET,
                                    REJECTED_FILE, RELATIONS_FILE,

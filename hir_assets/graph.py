@@ -2,8 +2,8 @@
 
 import dagster as dg
 
-from dagster_project.partitions import window_of
-from dagster_project.resources import PartitionStorage
+from hir_assets.partitions import window_of
+from hir_assets.resources import PartitionStorage
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.graph.audit import GraphAudit, audit_graph
 from hir_model.graph.window import GRAPH_ASSET, build_window_graph, has_graph, to_us

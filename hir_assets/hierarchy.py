@@ -4,8 +4,8 @@ assignments with stable ids, super-graph, labels)."""
 import dagster as dg
 import numpy as np
 
-from dagster_project.partitions import window_of
-from dagster_project.resources import PartitionStorage
+from hir_assets.partitions import window_of
+from hir_assets.resources import PartitionStorage
 from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET
 from hir_model.embed import EMBEDDINGS_ASSET, EMBEDDINGS_FILE, EmbedConfig, embeddings_table

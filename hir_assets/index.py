@@ -4,9 +4,9 @@
 import dagster as dg
 import numpy as np
 
-from dagster_project.partitions import window_of
-from dagster_project.resources import PartitionStorage
 from hir_assets.evaluation import spec_of
+from hir_assets.partitions import window_of
+from hir_assets.resources import PartitionStorage
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.embed import EMBEDDINGS_ASSET
 from hir_model.graph.window import GRAPH_ASSET

@@ -8,14 +8,13 @@ from typing import Any
 
 import dagster as dg
 
-from dagster_project.resources import PartitionStorage, SourceResource
+from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.config import PROJECT_ROOT, HIRConfig
 from hir_model.eval.publish import EVALUATION_ASSET
 from hir_model.eval.pages import git_commit, report_path, write_source_report
 
 GROUP = "evaluation"
 REPORT_ASSET = "evaluation_report"
-REPORT_JOB = "evaluation_report_job"
 
 
 def report_settings(config: HIRConfig) -> dict[str, str]:
@@ -44,8 +43,3 @@ def build_report_assets(partitions: dg.PartitionsDefinition, settings: Mapping[s
             "commit": report.header["commit"]})
 
     return [evaluation_report]
-
-
-def report_job() -> dg.UnresolvedAssetJobDefinition:
-    return dg.define_asset_job(REPORT_JOB, selection=[REPORT_ASSET],
-                               description="Write the source's evaluation report over every evaluated window.")

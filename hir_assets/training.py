@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import numpy as np
 
-from dagster_project.resources import PartitionStorage
+from hir_assets.resources import PartitionStorage
 from hir_model.content import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import EVENTS_ASSET, EVENTS_FILE
 from hir_model.graph.window import GRAPH_ASSET

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dagster_project.content_resources import ContentModels
+from hir_assets.content_resources import ContentModels
 
 
 def test_defaults_are_the_offline_models():

@@ -11,9 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dagster_project.partitions import window_partitions
-from dagster_project.resources import LocalPartitionStorage
-from hir_assets.adapter import ADAPTER_JOB, LOSS_DECREASED_CHECK, adapter_job, build_adapter_assets
+from dagster_project.jobs import ADAPTER_JOB, adapter_job
+from hir_assets.adapter import LOSS_DECREASED_CHECK, build_adapter_assets
+from hir_assets.partitions import window_partitions
+from hir_assets.resources import LocalPartitionStorage
 from hir_model.adapter.fit import CONFIG_FILE, WEIGHTS_FILE, load_adapter
 from hir_model.adapter.objective_adapter import ADAPTER_ASSET, METRICS_FILE, adapter_partition
 from hir_model.data.tables import EVENTS_ASSET, EVENTS_FILE

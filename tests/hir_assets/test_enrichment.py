@@ -11,11 +11,11 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from dagster_project.content_resources import ContentModels
-from dagster_project.partitions import window_partitions
-from dagster_project.resources import LocalPartitionStorage, SourceResource
+from hir_assets.content_resources import ContentModels
 from hir_assets.enrichment import CLIP_ASSET, build_enrichment_assets
 from hir_assets.events import build_ingest_assets
+from hir_assets.partitions import window_partitions
+from hir_assets.resources import LocalPartitionStorage, SourceResource
 from hir_model.config import HIRConfig
 from hir_model.content import CONTENT_ASSET, CONTENT_FILE, content_schema, load_checkpoint
 from hir_model.storage import PartitionStore

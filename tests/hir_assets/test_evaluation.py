@@ -7,8 +7,8 @@ import dagster as dg
 import pytest
 import torch
 
-from dagster_project.partitions import window_partitions
-from dagster_project.resources import LocalPartitionStorage, SourceResource
+from hir_assets.partitions import window_partitions
+from hir_assets.resources import LocalPartitionStorage, SourceResource
 from hir_assets.evaluation import CAUSAL_READS_CHECK, HIR_EVALUATED_CHECK, build_evaluation_assets
 from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, STATE_FILE, read_evaluation
 from hir_model.eval.pages import print_last_window, write_html_report
@@ -87,7 +87,7 @@ def test_html_report_and_last_window_table(evaluated, tmp_path, capsys):
 
 
 def test_the_evaluation_job_runs_the_asset_alone_after_the_next_window_is_in(tmp_path):
-    from hir_assets.evaluation import EVALUATION_JOB, build_evaluation_job
+    from dagster_project.jobs import EVALUATION_JOB, build_evaluation_job
 
     store = hir_store(tmp_path / "store")
     partitions = window_partitions(SPEC)

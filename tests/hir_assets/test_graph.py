@@ -9,11 +9,11 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from dagster_project.partitions import window_partitions
-from dagster_project.resources import LocalPartitionStorage, SourceResource
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import (NO_FUTURE_EDGES_CHECK, NODE_COUNT_CHECK, NODES_TYPED_CHECK, WEIGHTS_CHECK, build_graph_assets,
                               check_results)
+from hir_assets.partitions import window_partitions
+from hir_assets.resources import LocalPartitionStorage, SourceResource
 from hir_model.config import HIRConfig
 from hir_model.graph.audit import audit_graph
 from hir_model.graph.storage import load_graph

@@ -14,13 +14,13 @@ import dagster as dg
 import pytest
 import torch
 
-from dagster_project.partitions import window_partitions
-from dagster_project.resources import LocalPartitionStorage, SourceResource
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
 from hir_assets.hierarchy import ASSIGNED_CHECK, COLD_START_CHECK, FINITE_UNIT_CHECK, build_hierarchy_assets
 from hir_assets.index import (HEAD_COVERAGE_CHECK, HEAD_FINITE_CHECK, HEAD_WEIGHTS_CHECK, POSTING_SHARE_CHECK, RECALL_CHECK,
                               TOKENS_PER_LEVEL_CHECK, build_index_assets)
+from hir_assets.partitions import window_partitions
+from hir_assets.resources import LocalPartitionStorage, SourceResource
 from hir_model import cli
 from hir_model.config import HIRConfig
 from hir_model.embed import EMBEDDINGS_ASSET

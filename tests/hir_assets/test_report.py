@@ -5,9 +5,9 @@ from __future__ import annotations
 import dagster as dg
 import torch
 
-from dagster_project.partitions import window_partitions
-from dagster_project.resources import LocalPartitionStorage, SourceResource
+from hir_assets.partitions import window_partitions
 from hir_assets.report import REPORT_ASSET, build_report_assets, report_settings
+from hir_assets.resources import LocalPartitionStorage, SourceResource
 from hir_model.config import HIRConfig
 from hir_model.eval.run import EvalConfig, evaluate_windows
 from tests.hir_model.eval.test_report import SMALL, publish

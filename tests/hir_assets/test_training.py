@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dagster_project.partitions import window_partitions
-from dagster_project.resources import LocalPartitionStorage, SourceResource
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
+from hir_assets.partitions import window_partitions
+from hir_assets.resources import LocalPartitionStorage, SourceResource
 from hir_assets.training import COLLAPSE_CHECK, LOSS_CHECK, REPRODUCE_CHECK, build_training_assets, check_results
 from hir_model.config import HIRConfig
 from hir_model.train.checkpoint import CHECKPOINT_FILE, ENCODER_ASSET, load_trained_model

@@ -78,7 +78,7 @@ def test_scale_from_the_file_or_the_environment(tmp_path):
 
 
 def test_the_scale_travels_through_the_dagster_resource(tmp_path):
-    from dagster_project.resources import SourceResource
+    from hir_assets.resources import SourceResource
 
     path = tmp_path / "hir.toml"
     path.write_text('source = "synthetic"\n')

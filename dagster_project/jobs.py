@@ -1,0 +1,44 @@
+"""Every job of the project: the window job (every per-window asset of one window, what the schedule runs) and the
+three assets that run apart from it, each in a job of its own."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from hir_assets.report import REPORT_ASSET
+from hir_model.adapter.objective_adapter import ADAPTER_ASSET
+from hir_model.eval.publish import EVALUATION_ASSET
+
+WINDOW_JOB, EVALUATION_JOB = "hir_window", "window_evaluation_job"
+ADAPTER_JOB, REPORT_JOB = "objective_adapters", "evaluation_report_job"
+
+# Not in the window job: window_evaluation (window t is judged on t+1's events, which arrive with the next run),
+# objective_adapter (partitioned by window x objective) and evaluation_report (one page over all windows, not
+# partitioned); each has a job of its own.
+SEPARATE_ASSETS = (EVALUATION_ASSET, ADAPTER_ASSET, REPORT_ASSET)
+
+
+def build_window_job(partitions: dg.PartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:
+    """Every per-window HIR asset for one window, in dependency order; transient failures (an S3 blip) are retried."""
+    return dg.define_asset_job(
+        WINDOW_JOB, selection=dg.AssetSelection.all() - dg.AssetSelection.assets(*SEPARATE_ASSETS), partitions_def=partitions,
+        op_retry_policy=dg.RetryPolicy(max_retries=2, delay=10, backoff=dg.Backoff.EXPONENTIAL),
+        description="All HIR assets for one window, in dependency order.")
+
+
+def build_evaluation_job(partitions: dg.TimeWindowPartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:
+    """window_evaluation alone, one partition per run: what a second pass over the windows runs (window t's run
+    cannot evaluate t, since t+1's events come later)."""
+    return dg.define_asset_job(EVALUATION_JOB, selection=[EVALUATION_ASSET], partitions_def=partitions,
+                               description="evaluate window t on window t+1's events (after t+1 is ingested)")
+
+
+def adapter_job() -> dg.UnresolvedAssetJobDefinition:
+    """objective_adapter alone: its window x objective partitions keep it out of the window-partitioned jobs."""
+    return dg.define_asset_job(ADAPTER_JOB, selection=dg.AssetSelection.assets(ADAPTER_ASSET),
+                               description="One objective's adapter on one window's embeddings (after entity_embeddings).")
+
+
+def report_job() -> dg.UnresolvedAssetJobDefinition:
+    return dg.define_asset_job(REPORT_JOB, selection=[REPORT_ASSET],
+                               description="Write the source's evaluation report over every evaluated window.")
