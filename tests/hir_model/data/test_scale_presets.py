@@ -77,15 +77,6 @@ def test_scale_from_the_file_or_the_environment(tmp_path):
     assert small.storage_uri.endswith("storage/synthetic") and small.make_source().data_dir.name == "synthetic-seed3"
 
 
-def test_the_scale_travels_through_the_dagster_resource(tmp_path):
-    from hir_assets.resources import SourceResource
-
-    path = tmp_path / "hir.toml"
-    path.write_text('source = "synthetic"\n')
-    resource = SourceResource.from_config(load_config(path, env={"HIR_SYNTHETIC_SCALE": "large"}))
-    assert resource.get().config == preset("large")
-
-
 def test_unknown_scale_is_refused(tmp_path):
     path = tmp_path / "hir.toml"
     path.write_text('source = "synthetic"\n[synthetic]\nscale = "huge"\n')
