@@ -29,6 +29,7 @@ Tokens are laid out per sequence in BFS order: seed, depth 1, depth 2; within a 
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ US = 1_000_000
 NEIGHBOUR_MASK = np.int64(2**32 - 1)  # VisibleEdges.slots: edge << 32 | neighbour
 TABLES_PER_GRAPH = 4  # visible-edge tables kept per graph (one per (cutoff, max_age) asked; training asks two)
 SECOND_ROUND = 2  # a row that comes up short draws this many times more before it is scanned
+SMALL = 1 << 17  # draws compare all pairs at once when draws^2 x rows is at most this (speed only)
+SPLIT = 1 << 13  # draws are split into those every row needs and the rest when they are at least this many (speed only)
 
 
 @dataclass(frozen=True)
@@ -69,14 +72,17 @@ class VisibleEdges:
 
     indptr: np.ndarray  # int64 [N+1]: node i's visible edges are [indptr[i], indptr[i+1])
     edge: np.ndarray  # int32/int64 [E'], index of each visible edge in the graph
-    neighbours: np.ndarray  # int64 [E'], its destination node
+    neighbours: np.ndarray  # int32 (int64 when N >= 2**31) [E'], its destination node
     log_weight: np.ndarray  # float32 [E'], log of its weight decayed to the cutoff
     # int64 [E', 3], one read per draw: a draw landing on slot e keeps e with probability prob (column 0, float64 bits)
     # and takes its alias (a visible edge of the same node) otherwise; columns 1, 2: e and the alias as edge << 32 | neighbour
     slots: np.ndarray
-    edge_type: np.ndarray  # int64 [E' + 1], type of each visible edge; the last entry: a seed's (SELF_EDGE)
-    edge_age: np.ndarray  # float32 [E' + 1], seconds from its last event to the cutoff; the last entry: a seed's (0)
+    # int64 [E' + 1], one read per token: edge type << 32 | the float32 bits of its age (seconds from its last event to
+    # the cutoff); the last entry: a seed's (SELF_EDGE, 0)
+    type_age: np.ndarray
     distinct: np.ndarray  # int64 [N], distinct visible neighbours per node
+    node_type: np.ndarray  # int64 [N], the graph's node types (converted once)
+    strength: np.ndarray  # float32 [N], Graph.strength_until(cutoff)
 
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -118,13 +124,24 @@ def _build(graph: Graph, cutoff_us: int, min_ts: int | None) -> VisibleEdges:
     first = np.ones(len(edge), bool)
     first[1:] = (src[1:] != src[:-1]) | (nbr[1:] != nbr[:-1])  # CSR is sorted by (src, dst): a neighbour's edges are adjacent
     prob, alias = _alias(indptr, src, log_w)
-    nbr = nbr.astype(np.int64)
     if len(edge) >= 2**31 or n >= 2**32:
         raise ValueError(f"sampler: {len(edge)} visible edges / {n} nodes do not fit its packed draw table (2**31 / 2**32)")
-    own = np.arange(len(edge), dtype=np.int64) << 32 | nbr
+    own = np.arange(len(edge), dtype=np.int64) << 32 | nbr.astype(np.int64)
     slots = np.stack([prob.view(np.int64), own, own[alias]], axis=1)
-    return VisibleEdges(indptr, edge.astype(idx), nbr, log_w.astype(np.float32), slots, np.append(etype[edge], SELF_EDGE),
-                        np.append((cutoff_us - ts[edge]) / US, 0.0).astype(np.float32), np.bincount(src[first], minlength=n))
+    age = np.append((cutoff_us - ts[edge]) / US, 0.0).astype(np.float32).view(np.uint32).astype(np.int64)
+    return VisibleEdges(indptr, edge.astype(idx), nbr.astype(_node_dtype(n)), log_w.astype(np.float32), slots,
+                        np.append(etype[edge], SELF_EDGE) << 32 | age, np.bincount(src[first], minlength=n),
+                        np.asarray(graph.nodes.node_type, np.int64), graph.strength_until(cutoff_us))
+
+
+def _node_dtype(num_nodes: int) -> type:
+    """The hot path's node index type: int32 halves its memory traffic; packed draws hold a node in their low 32 bits."""
+    return np.int32 if num_nodes < 2**31 else np.int64
+
+
+def _neighbour(packed: np.ndarray, dtype: type) -> np.ndarray:
+    """The neighbour of packed edge << 32 | neighbour values, as `dtype` (_node_dtype)."""
+    return packed.astype(np.int32) if dtype == np.int32 else packed & NEIGHBOUR_MASK  # int32: the low 32 bits
 
 
 def _alias(indptr: np.ndarray, seg: np.ndarray, log_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -182,6 +199,12 @@ def _alias(indptr: np.ndarray, seg: np.ndarray, log_w: np.ndarray) -> tuple[np.n
     return prob, alias
 
 
+@functools.cache
+def _earlier(m: int) -> np.ndarray:
+    """bool (m, m, 1): [i, j] is i < j."""
+    return np.triu(np.ones((m, m), bool), 1)[:, :, None]
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated aranges [starts[i], starts[i] + lengths[i])."""
     ends = np.cumsum(lengths)
@@ -189,7 +212,8 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def _uniform_hash(edge: np.ndarray, nonce: np.uint64) -> np.ndarray:
-    """float64 in [0, 1) per edge index: splitmix64 of (edge + nonce), so one call drops an edge for every token."""
+    """uint64 per edge index: splitmix64 of (edge + nonce), so one call drops an edge for every token. Its top 53 bits
+    times 2**-53 are a uniform float64 in [0, 1)."""
     z = edge.astype(np.uint64) + nonce
     z *= np.uint64(0x9E3779B97F4A7C15)
     z ^= z >> np.uint64(30)
@@ -197,7 +221,7 @@ def _uniform_hash(edge: np.ndarray, nonce: np.uint64) -> np.ndarray:
     z ^= z >> np.uint64(27)
     z *= np.uint64(0x94D049BB133111EB)
     z ^= z >> np.uint64(31)
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return z
 
 
 def _rank(group: np.ndarray) -> np.ndarray:
@@ -215,114 +239,151 @@ class _Call:
     nonce: np.uint64
 
     def kept(self, edge: np.ndarray) -> np.ndarray:
-        """bool, edge's shape: visible edges (table indices) not dropped by this call's edge_drop."""
-        return _uniform_hash(edge, self.nonce) >= self.view.edge_drop
+        """bool, edge's shape: visible edges (table indices) not dropped by this call's edge_drop: the hash's uniform
+        u = (z >> 11) 2**-53 >= edge_drop, that is z >= ceil(edge_drop 2**53) << 11 (exact: both sides are integers)."""
+        return _uniform_hash(edge, self.nonce) >= np.uint64(int(np.ceil(self.view.edge_drop * 2.0**53)) << 11)
 
-    def draw(self, node: np.ndarray, path: list[np.ndarray], out: np.ndarray, rows: np.ndarray, found: np.ndarray,
-             m: int) -> np.ndarray:
-        """m alias draws for each of `rows` (its node, its path), continuing its i.i.d. sequence: the distinct valid
-        neighbours not yet in out[row] (F, k) visible edges; -1 empty; `found` filled) are appended there in draw order, up
-        to k. Returns the new found [R]."""
-        (r,), k, t = rows.shape, out.shape[1], self.table
-        start = t.indptr[node]
-        x = self.rng.random((m, r))  # (m, R): draw j of every row is contiguous
-        x *= (t.indptr[node + 1] - start).astype(np.float64)
+    def draw(self, start: np.ndarray, deg: np.ndarray, path: list[np.ndarray], picks: _Picks, rows: np.ndarray,
+             found: np.ndarray, m: int) -> np.ndarray:
+        """m alias draws for each of `rows` (its node's first visible edge, its visible degree as float64, its path),
+        continuing its i.i.d. sequence: the distinct valid neighbours not yet in its row of `picks` (`found` filled) are
+        appended there in draw order, up to k. Returns the new found [R]."""
+        return self._draws(self.rng.random((m, len(rows))), start, deg, path, picks, rows, found)  # (m, R): draw-major
+
+    def _draws(self, x: np.ndarray, start: np.ndarray, deg: np.ndarray, path: list[np.ndarray], picks: _Picks,
+               rows: np.ndarray, found: np.ndarray) -> np.ndarray:
+        """`draw` with its uniforms x (m, R). A row that is full ignores its later draws, so when rows are many, the
+        first k - max(found) draws go to every row and the rest only to the rows that are still short."""
+        (m, r), k, t = x.shape, picks.k, self.table
+        first = k - int(found.max()) if r else m  # draws that no row can do without
+        if first < m and m * r >= SPLIT:
+            got = self._draws(x[:first], start, deg, path, picks, rows, found)
+            more = np.flatnonzero(got < k)
+            if len(more):
+                got[more] = self._draws(np.take(x[first:], more, axis=1), np.take(start, more), np.take(deg, more),
+                                        [np.take(c, more) for c in path], picks, np.take(rows, more), np.take(got, more))
+            return got
+        x *= deg
         slot = x.astype(np.int64)  # floor(u * deg) < deg for float64 u < 1
         x -= slot  # the alias coin, uniform in [0, 1)
         slot += start
         row = np.take(t.slots, slot, axis=0)  # (m, R, 3); np.take: several times faster than [] on rows
         packed = np.where(x < row[..., 0].view(np.float64), row[..., 1], row[..., 2])  # (m, R) i.i.d. weighted draws
-        nbr = packed & NEIGHBOUR_MASK
+        nbr = _neighbour(packed, path[0].dtype)
         ok = nbr != path[0]
         for col in path[1:]:
             ok &= nbr != col
-        if found.any():
-            have = out[rows]
-            seen = np.where(have >= 0, t.neighbours[np.maximum(have, 0)], -1)  # (R, k)
-            for j in range(k):
+        have = int(found.max()) if r else 0
+        if have:
+            seen = np.take(picks.neighbour, rows, axis=0)  # (R, k), -1 past found
+            for j in range(have):
                 ok &= nbr != seen[:, j]
         if self.view.edge_drop > 0:
             ok &= self.kept(packed >> 32)
-        keep = _first_distinct(np.where(ok, nbr, -1 - np.arange(m)[:, None]))  # (m, R)
-        keep &= ok
-        rank = np.cumsum(keep, axis=0, dtype=np.int16)
-        rank += found.astype(np.int16)
-        keep &= rank <= k
-        flat = rows * k + rank - 1  # (m, R) where a kept draw goes in out
-        out.reshape(-1)[flat[keep]] = packed[keep] >> 32
-        return np.minimum(rank[-1], k).astype(np.int64)
+            vals = np.where(ok, nbr, -1)  # a dropped draw hides nothing: the same neighbour may come by another edge
+        else:  # validity is a property of the neighbour: an invalid draw's neighbour is invalid at every draw
+            vals = nbr
+        # pos[j, r]: where row r's next pick goes in picks (flat) after draw j; a draw is kept when it is valid, its
+        # neighbour is new in its row (no earlier valid draw had it) and the row is not full
+        keep, base = ok, rows * k - 1 + found
+        if m * m * r <= SMALL:  # a few large numpy calls: (i, j, R) all pairs at once
+            dup = vals[:, None] == nbr[None]  # (m, m, R): draw i's value is draw j's neighbour ...
+            dup &= _earlier(m)  # ... and i < j
+            keep &= ~dup.any(0)
+            pos = np.cumsum(keep, axis=0)
+            pos += base
+        else:  # m calls on (<= m, R) arrays (a cumsum over axis 0 is slow on long rows)
+            pos = np.empty((m, r), np.int64)
+            np.add(base, keep[0], out=pos[0])
+            for j in range(1, m):
+                keep[j] &= ~(vals[:j] == nbr[j]).any(0)
+                np.add(pos[j - 1], keep[j], out=pos[j])
+        keep &= pos < (rows + 1) * k
+        at = np.flatnonzero(keep)  # kept draws, draw-major
+        picks.put(np.take(pos, at), np.take(packed, at), np.take(nbr, at))
+        return np.minimum(pos[-1] - (rows * k - 1), k)
 
-    def scan(self, node: np.ndarray, path: np.ndarray, have: np.ndarray, found: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
-        """Exact continuation: Gumbel-top-(k - found) over all visible edges of each row's node, neighbours on its path or
-        already in `have` (R, k; -1 empty) excluded. Returns (row, slot, visible edge) of the new picks."""
+    def scan(self, start: np.ndarray, deg: np.ndarray, exclude: np.ndarray, found: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+        """Exact continuation: Gumbel-top-(k - found) over all visible edges of each row's node, the neighbours in its row of
+        `exclude` (R, X: its path and what it has; -1 none) left out. Returns (row, slot, packed edge << 32 | neighbour) of
+        the new picks."""
         t = self.table
-        start = t.indptr[node]
-        deg = t.indptr[node + 1] - start
         edge = _ranges(start, deg)  # (C,) CSR order: a row's edges to one neighbour are adjacent
-        row = np.repeat(np.arange(len(node)), deg)
-        nbr = t.neighbours[edge].astype(np.int64)
-        ok = ~(have[row] == nbr[:, None]).any(1)
-        for col in path:
-            ok &= col[row] != nbr
+        row = np.repeat(np.arange(len(start)), deg)
+        nbr = np.take(t.neighbours, edge)
+        ok = ~(np.take(exclude, row, axis=0) == nbr[:, None]).any(1)
         if self.view.edge_drop > 0:
             ok &= self.kept(edge)
-        edge, row, nbr = edge[ok], row[ok], nbr[ok]
+        keep = np.flatnonzero(ok)
+        edge, row, nbr = np.take(edge, keep), np.take(row, keep), np.take(nbr, keep)
         if not len(edge):
             return row, row, edge
-        key = t.log_weight[edge].astype(np.float64) + self.rng.gumbel(size=len(edge))
+        key = np.take(t.log_weight, edge).astype(np.float64) + self.rng.gumbel(size=len(edge))
         first = np.ones(len(edge), bool)
         first[1:] = (row[1:] != row[:-1]) | (nbr[1:] != nbr[:-1])  # (row, neighbour) groups
         gid = np.cumsum(first) - 1
         top = np.maximum.reduceat(key, np.flatnonzero(first))  # a group's max Gumbel key ~ log(summed weight) + Gumbel
-        rep = np.flatnonzero(key == top[gid])
-        rep = rep[np.concatenate([[True], gid[rep][1:] != gid[rep][:-1]])]  # one edge per group, drawn by weight
-        rep = rep[np.lexsort((-key[rep], row[rep]))]
-        slot = found[row[rep]] + _rank(row[rep])
-        sel = slot < k
-        return row[rep][sel], slot[sel], edge[rep][sel]
+        rep = np.flatnonzero(key == np.take(top, gid))
+        g = np.take(gid, rep)
+        rep = rep[np.concatenate([[True], g[1:] != g[:-1]])]  # one edge per group, drawn by weight
+        rep = rep[np.lexsort((-np.take(key, rep), np.take(row, rep)))]
+        row = np.take(row, rep)
+        slot = np.take(found, row) + _rank(row)
+        sel = np.flatnonzero(slot < k)
+        rep = np.take(rep, sel)
+        return np.take(row, sel), np.take(slot, sel), np.take(edge, rep) << 32 | np.take(nbr, rep)
 
 
-def _first_distinct(draws: np.ndarray) -> np.ndarray:
-    """bool (m, R): draws (draw j of row r at [j, r]; values >= 0 or distinct negatives) not seen earlier in their row."""
-    m, r = draws.shape
-    if m <= 16 or (m <= 32 and r >= 1024):  # pairwise compares with the earlier draws: fastest for few draws
-        keep = np.empty((m, r), bool)
-        keep[0] = True
-        for j in range(1, m):
-            keep[j] = ~(draws[:j] == draws[j]).any(0)
-        return keep
-    nbr = draws.T  # (R, m)
-    s = np.sort(nbr * m + np.arange(m), axis=1)  # by value, then draw position: the first of a run is the earliest draw
-    fresh = np.ones(s.shape, bool)
-    fresh[:, 1:] = s[:, 1:] // m != s[:, :-1] // m
-    keep = np.zeros(r * m, bool)
-    keep[(np.arange(0, r * m, m)[:, None] + s % m)[fresh]] = True
-    return keep.reshape(r, m).T
+@dataclass(frozen=True)
+class _Picks:
+    """What a level has drawn so far: up to k neighbours per frontier token, each row's filled from the left."""
+
+    packed: np.ndarray  # int64 (F, k): visible edge << 32 | neighbour; -1 empty
+    neighbour: np.ndarray  # int32/int64 (F, k): the neighbour alone (what draws compare with); -1 empty
+
+    @classmethod
+    def empty(cls, f: int, k: int, dtype: type) -> _Picks:
+        return cls(np.full((f, k), -1, np.int64), np.full((f, k), -1, dtype))
+
+    @property
+    def k(self) -> int:
+        return self.packed.shape[1]
+
+    def put(self, flat: np.ndarray, packed: np.ndarray, neighbour: np.ndarray) -> None:
+        """Write picks at flat positions row * k + slot."""
+        self.packed.reshape(-1)[flat] = packed
+        self.neighbour.reshape(-1)[flat] = neighbour
 
 
-def _pick(call: _Call, node: np.ndarray, path: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(owner, visible edge): up to k distinct neighbours per frontier token, grouped by owner, within it in draw order."""
-    t, view = call.table, call.view
-    deg = t.indptr[node + 1] - t.indptr[node]
-    out = np.full((len(node), k), -1, np.int64)  # (F, k) visible edge per slot
+def _pick(call: _Call, path: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(count [F], packed [count.sum()]): up to k distinct neighbours of each frontier token (path[-1]) as visible edge <<
+    32 | neighbour, grouped by token, within it in draw order."""
+    t, view, node = call.table, call.view, path[-1]
+    start = np.take(t.indptr, node)
+    deg = np.take(t.indptr, node + 1) - start
+    distinct = np.take(t.distinct, node)
+    cap = np.minimum(distinct, k)  # what a token can give at most
+    picks = _Picks.empty(len(node), k, node.dtype)
     found = np.zeros(len(node), np.int64)
-    hub = np.flatnonzero((deg > view.scan_degree) & (t.distinct[node] > k))  # the others are scanned: draws would come up short
+    hub = np.flatnonzero((deg > view.scan_degree) & (distinct > k))  # the others are scanned: draws would come up short
     if len(hub):  # draws, then more draws for the rows that came up short
         every = len(hub) == len(node)
-        node_h, path_h = (node, path) if every else (node[hub], [c[hub] for c in path])
-        got = call.draw(node_h, path_h, out, hub, found[hub], view.draws_per_slot * k)
-        short = np.flatnonzero(got < np.minimum(k, t.distinct[node_h]))
+        start_h, deg_h, path_h = (start, deg, path) if every else (start[hub], deg[hub], [c[hub] for c in path])
+        deg_h = deg_h.astype(np.float64)
+        got = call.draw(start_h, deg_h, path_h, picks, hub, found[hub], view.draws_per_slot * k)
+        short = np.flatnonzero(got < cap[hub])
         if len(short):
-            got[short] = call.draw(node_h[short], [c[short] for c in path_h], out, hub[short], got[short],
+            got[short] = call.draw(start_h[short], deg_h[short], [c[short] for c in path_h], picks, hub[short], got[short],
                                    SECOND_ROUND * view.draws_per_slot * k)
         found[hub] = got
-    rest = np.flatnonzero((found < np.minimum(k, t.distinct[node])) & (deg > 0))  # short of what the node may still give
+    rest = np.flatnonzero((found < cap) & (deg > 0))  # short of what the node may still give
     if len(rest):
-        have = np.where(out[rest] >= 0, t.neighbours[np.maximum(out[rest], 0)], -1)  # (S, k) neighbours found by draws
-        row, slot, edge = call.scan(node[rest], [c[rest] for c in path], have, found[rest], k)
-        out[rest[row], slot] = edge
-    owner, slot = np.nonzero(out >= 0)  # row-major: by owner, then draw order
-    return owner, out[owner, slot]
+        exclude = np.concatenate([np.stack([c[rest] for c in path], axis=1), picks.neighbour[rest]], axis=1)  # (S, d + 1 + k)
+        row, slot, packed = call.scan(start[rest], deg[rest], exclude, found[rest], k)
+        picks.put(rest[row] * k + slot, packed, _neighbour(packed, node.dtype))
+        found[rest] += np.bincount(row, minlength=len(rest))
+    at = np.flatnonzero(picks.neighbour.reshape(-1) >= 0)  # row-major: by row, within it in draw order
+    return found, np.take(picks.packed, at)
 
 
 def sample(graph: Graph, seeds: np.ndarray, cutoff_us: int, view: ViewConfig, rng: np.random.Generator) -> SampledBatch:
@@ -333,46 +394,58 @@ def sample(graph: Graph, seeds: np.ndarray, cutoff_us: int, view: ViewConfig, rn
     table = visible_edges(graph, int(cutoff_us), view.max_age_days)
     call = _Call(table, view, rng, np.uint64(rng.integers(0, 2**63)))
     b = len(seeds)
-    seq, parent, node, edge = [np.arange(b)], [np.full(b, -1)], [seeds], [np.full(b, -1)]
-    path = [seeds]  # per depth 0..d, int64 [F]: the nodes from the root to each frontier token
+    owner, node, edge = [], [seeds], [np.full(b, -1)]  # per level; owner: the index of each token's parent in the level above
+    path = [seeds.astype(table.neighbours.dtype)]  # per depth 0..d, [F]: the nodes from the root to each frontier token
     for k in view.fanout:
-        owner, e = _pick(call, node[-1], path, k)
-        nbr = table.neighbours[e]
-        seq.append(seq[-1][owner]), parent.append(owner), node.append(nbr), edge.append(e)
-        path = [c[owner] for c in path] + [nbr]
-    return _assemble(graph, table, seeds, int(cutoff_us), seq, parent, node, edge)
+        count, packed = _pick(call, path, k)
+        o = np.repeat(np.arange(len(count)), count)
+        nbr = _neighbour(packed, path[0].dtype)
+        owner.append(o), node.append(nbr), edge.append(packed >> 32)
+        path = [np.take(c, o) for c in path] + [nbr]
+    return _assemble(graph, table, seeds, int(cutoff_us), owner, node, edge)
 
 
-def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: int, seq: list, parent: list, node: list,
+def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: int, owner: list, node: list,
               edge: list) -> SampledBatch:
-    """Per-level token arrays (each sorted by sequence) -> one sequence per seed in BFS order, with local ancestor indices.
+    """Per-level token arrays (each grouped by sequence) -> one sequence per seed in BFS order, with local ancestor indices.
     A level's tokens keep their order, so a token's place is its sequence's offset, the tokens of its sequence at the
     levels above, and its rank among its sequence's tokens at its own level: no sort."""
-    b, levels = len(seeds), len(seq)
+    b, levels = len(seeds), len(node)
+    seq = [np.arange(b)]
+    for o in owner:
+        seq.append(np.take(seq[-1], o))
     counts = np.stack([np.bincount(s, minlength=b) for s in seq])  # (L, B) tokens per sequence and level
     offsets = np.zeros(b + 1, np.int64)
     np.cumsum(counts.sum(0), out=offsets[1:])
     t = int(offsets[-1])
-    # (L, B): output position of a sequence's first token at a level, minus that token's index within the level
-    shift = offsets[:-1] + np.cumsum(counts, axis=0) - counts - (np.cumsum(counts, axis=1) - counts)
-    anc_lo = np.full((t, levels), -1, np.int64)  # ancestors, level-by-level order
+    # (L, B): local position of a sequence's first token at a level, minus that token's index within the level
+    shift = np.cumsum(counts, axis=0) - counts - (np.cumsum(counts, axis=1) - counts)
+    anc_lo = np.empty((t, levels), np.int64)  # ancestors, level-by-level order
     order = np.empty(t, np.int64)  # output position -> level-by-level index
-    lo, cols = 0, []
+    lo = 0
     for d, s in enumerate(seq):
         n = len(s)
-        pos = np.arange(n) + shift[d][s]  # (n,) output position
-        order[pos] = np.arange(lo, lo + n)
-        cols = [c[parent[d]] for c in cols] + [pos - offsets[s]]  # local index of the ancestor at each depth <= d
-        for j, c in enumerate(cols):
-            anc_lo[lo:lo + n, j] = c
+        local = np.arange(n) + np.take(shift[d], s)  # (n,) position within its sequence
+        order[local + np.take(offsets, s)] = np.arange(lo, lo + n)
+        block = anc_lo[lo:lo + n]
+        if d:  # the parent's ancestors (-1 from depth d on), then its own local index
+            np.take(anc_lo[lo - len(seq[d - 1]):lo], owner[d - 1], axis=0, out=block)
+        else:
+            block[:, 1:] = -1
+        block[:, d] = local
         lo += n
-    e = np.take(np.concatenate(edge), order)  # a seed's edge is -1: the tables' last entry (self, age 0)
+    e = np.take(np.concatenate(edge), order)  # a seed's edge is -1: the table's last entry (self, age 0)
     nodes = np.take(np.concatenate(node), order)
-    depth = np.repeat(np.arange(levels), [len(s) for s in seq])[order]
-    return SampledBatch(
-        offsets=offsets, seeds=seeds, node=nodes, hash_codes=np.take(np.asarray(graph.nodes.hash_codes), nodes, axis=0),
-        node_type=np.asarray(graph.nodes.node_type, np.int64)[nodes], depth=depth, ancestors=np.take(anc_lo, order, axis=0),
-        edge_type=np.take(table.edge_type, e), edge_age=np.take(table.edge_age, e), cutoff_us=cutoff_us, strength=np.take(graph.strength_until(cutoff_us), nodes))
+    depth = np.repeat(np.tile(np.arange(levels), b), counts.T.reshape(-1))  # BFS order: a sequence's levels in turn
+    type_age = np.take(table.type_age, e)
+    hash_codes = np.take(np.asarray(graph.nodes.hash_codes), nodes, axis=0)
+    ancestors = np.take(anc_lo, order, axis=0)
+    edge_type = type_age >> 32
+    edge_age = type_age.astype(np.uint32).view(np.float32)
+    node_type = np.take(table.node_type, nodes)
+    strength = np.take(table.strength, nodes)
+    return SampledBatch(offsets=offsets, seeds=seeds, node=nodes, hash_codes=hash_codes, node_type=node_type, depth=depth,
+                        ancestors=ancestors, edge_type=edge_type, edge_age=edge_age, cutoff_us=cutoff_us, strength=strength)
 
 
 def sample_views(graph: Graph, seeds: np.ndarray, cutoff_us: int, rng: np.random.Generator,
