@@ -24,6 +24,9 @@ PAIR_WEIGHTS: dict[str, float] = {"impression": 0.25, "click": 1.0, "add_to_cart
 NEGATIVE_EVENTS: tuple[str, ...] = ("not_interested",)
 
 
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     levels: tuple[int, ...] = (8, 32, 128)  # prototypes per level, coarse -> fine (MovieLens has ~1.7k movies + users)
@@ -83,6 +86,10 @@ class TrainConfig:
     deterministic: bool = True  # torch's deterministic algorithms while training: with 2 CPU threads, two runs of one window
     # on the same inputs gave different weights (a backward kernel's parallel sums; 1 thread and the forward were exact);
     # with them, identical, and no slower (synthetic window, 30 steps: 3.0-3.1 s either way)
+    precision: str = "auto"  # the encoder's arithmetic while training: "auto" = bf16 autocast on CUDA, float32 elsewhere;
+    # "fp32" / "bf16" force one. The readout, the losses and the optimizer stay float32 either way
+    loader_workers: int = -1  # forked processes sampling the next steps (every step batch is seeded by its step: the same
+    # batches as one thread makes); -1 = auto (CUDA: the free cores, at most 12; CPU: 0); 0 = one background thread
     narrow: ViewConfig = TRAIN_NARROW
     broad: ViewConfig = TRAIN_BROAD
     # a small encoder; the compiled dense-bias kernel costs ~7 s per process to compile: more than a window's training
@@ -108,6 +115,9 @@ class TrainConfig:
         if self.pair_batch % self.shards or self.shared_negatives % self.shards:
             raise ValueError(f"pair_batch {self.pair_batch} and shared_negatives {self.shared_negatives} must be multiples of "
                              f"shards ({self.shards})")
+        if self.precision not in PRECISIONS or self.loader_workers < -1:
+            raise ValueError(f"precision must be one of {PRECISIONS} and loader_workers >= -1, got {self.precision!r}, "
+                             f"{self.loader_workers}")
         if not 0 <= self.replay_share < 1:
             raise ValueError(f"replay_share must be in [0, 1), got {self.replay_share}")
 

@@ -23,11 +23,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hir_model.graph.types import NODE_TYPES
-from hir_model.nn import collate
 from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
 from hir_model.train.data import PairBatch, TrainData, pair_order, step_batch
-from hir_model.train.loader import Prefetcher
+from hir_model.train.loader import NodeTables, Prefetcher, ProcessPrefetcher, ReadyStep, can_fork, lean_inputs
 from hir_model.train.loss import (
     DistillationLoss,
     all_reduce_sum,
@@ -66,6 +65,9 @@ class TrainResult:
     held_out_final: float = float("nan")  # ... and after them
     version: str = ""
     weights_digest: str = ""  # sha256 of the student's weights on this rank (DDP ranks must agree)
+    loader_wait_s: float = 0.0  # of `seconds`, the time the loop waited for its next batch (the rest: compute, copies)
+    loader: str = "thread"  # what sampled the batches: "thread" or "N processes" (+ ", lean": node tables on the device)
+    precision: str = "fp32"  # the encoder's arithmetic while training: "fp32" or "bf16"
 
 
 def _dist() -> tuple[int, int]:
@@ -160,36 +162,40 @@ def centre_inputs_and_readout(student: HIRModel, teacher: HIRModel, data: TrainD
 
 
 def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, batches: list,
-              cfg: TrainConfig, device: torch.device, backward: bool = True, centre: Tensor | None = None) -> np.ndarray:
-    """float64 [5]: (total, distill, consistency, engagement, swap) of one step's shards (this rank's), mean over shards;
-    with `backward`, the gradients of that mean are accumulated into the student."""
+              cfg: TrainConfig, device: torch.device, backward: bool = True, centre: Tensor | None = None,
+              tables: NodeTables | None = None) -> np.ndarray:
+    """float64 [5]: (total, distill, consistency, engagement, swap) of one step's shards (this rank's: `StepBatch`es or
+    `ReadyStep`s; lean ones need the data's `tables`), mean over shards; with `backward`, the gradients of that mean are
+    accumulated into the student."""
+    steps = [(r if isinstance(r, ReadyStep) else ReadyStep.of(r)).to(device, tables) for r in batches]
     with torch.no_grad():  # the teacher's targets are balanced over the global batch: all shards (ranks) at once
-        broad = [collate(sb.broad).to(device) for sb in batches]
+        broad = [r.broad for r in steps]
         readouts = [teacher.encoder.readout(b, teacher.global_tokens()) for b in broad]  # (b, W) each
         t_all = [[z @ p.T for p in teacher.normalised_prototypes()] for z in (F.normalize(h, dim=-1) for h in readouts)]
         if centre is not None:  # the teacher's readouts per seed type, summed over this rank's shards (the caller all-reduces)
             add_to_centre(centre, torch.cat(readouts), torch.cat([b.node_type[:, 0] for b in broad]))
         targets = loss_fn.targets([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.levels))])
     acc = np.zeros(5)
-    for i, sb in enumerate(batches):
-        b = sb.seeds
+    for i, r in enumerate(steps):
+        b = r.seeds
         with torch.set_grad_enabled(backward):
-            z_all, s_all = model(collate(sb.narrow).to(device))  # (b [+ pair batch], W), per level (b [+ ...], K_l)
+            z_all, s_all = model(r.narrow)  # (b [+ pair batch], W), per level (b [+ ...], K_l)
             z, s_scores = z_all[:b], [s[:b] for s in s_all]  # the distillation seeds
             mine = [t[i * b:(i + 1) * b] for t in targets]
             distill = loss_fn.distill(s_scores, mine)
             cons = loss_fn.consistency(s_scores, list(student.prototypes))
-            p, sign = sb.pairs, torch.from_numpy(sb.sign).to(device)
-            log_q = None if sb.log_q is None else torch.from_numpy(sb.log_q).to(device, torch.float32)
+            p, sign = r.pairs, torch.from_numpy(r.sign).to(device)
+            log_q = None if r.log_q is None else torch.from_numpy(r.log_q).to(device, torch.float32)
             eng = engagement_loss(z[:p], z[p:2 * p], sign, cfg.engagement_temp, log_q) if p else z.new_zeros(())
-            if sb.pair_batch is not None:
-                eng = eng + pair_batch_loss(z_all[b:], sb.pair_batch, cfg.engagement_temp, device)
+            if r.pair_batch is not None:
+                eng = eng + pair_batch_loss(z_all[b:], r.pair_batch, cfg.engagement_temp, device)
             loss = cfg.distill_weight * distill + cfg.consistency_weight * cons + cfg.engagement_weight * eng
             swap = loss_fn.swap(s_scores, mine, p, sign) if cfg.swap_weight else z.new_zeros(())
             loss = loss + cfg.swap_weight * swap
         if backward:
             (loss / len(batches)).backward()
-        acc += np.array([loss.item(), distill.item(), cons.item(), eng.item(), swap.item()]) / len(batches)
+        parts = torch.stack([x.detach().double() for x in (loss, distill, cons, eng, swap)])  # one copy to the host
+        acc += parts.cpu().numpy() / len(batches)
     return acc
 
 
@@ -225,6 +231,26 @@ def deterministic_algorithms(on: bool):
         yield
     finally:
         torch.use_deterministic_algorithms(before, warn_only=warn)
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """TrainConfig.precision on `device`: the encoder's autocast dtype (None: float32)."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def loader_workers(cfg: TrainConfig, device: torch.device, world: int = 1) -> int:
+    """TrainConfig.loader_workers resolved: auto is 0 on CPU and the cores this rank may use but two (at most 12) on
+    CUDA; 0 where processes cannot be forked."""
+    n = cfg.loader_workers
+    if n < 0:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        n = max(0, min(12, cores // world - 2)) if device.type == "cuda" else 0
+    if n and not can_fork():
+        log.warning("loader_workers=%d: this platform cannot fork; sampling on one background thread", n)
+        return 0
+    return n
 
 
 def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, init: Path | None = None, window: str = "",
@@ -277,18 +303,38 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
     shards = [rank] if world > 1 else list(range(cfg.shards))
     losses, parts = [], {"distill": [], "consistency": [], "engagement": [], **({"swap": []} if cfg.swap_weight else {})}
     end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
+    dtype = autocast_dtype(cfg.precision, device)
+    for m in (student, teacher):  # after the (float32) initialisation; back to float32 before the metrics and the probe
+        m.encoder.autocast_dtype = dtype
     start_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
+    # the next steps' batches are sampled while this one trains (the same batches either way: seeded by step), on a thread
+    # or in forked processes; these ship "lean" steps (node indices: the device fills in content, structure, hash codes)
+    workers = loader_workers(cfg, device, world)
+    lean = workers > 0 and cfg.cold_share == 0  # cold seeds lose their structure row on the host (seed_only)
+    tables = NodeTables(data, cfg.encoder.structure_dim, device) if lean else None
+    sample_data, sample_cfg = lean_inputs(data, cfg) if lean else (data, cfg)
+    if workers:  # the sampler's per-graph tables, built once here for the forked workers to inherit
+        step_batch(sample_data, _tiny(sample_cfg), HELD_OUT_STEP, 0)
     t0 = time.perf_counter()
-    # the next steps' batches are sampled on a background thread while this one trains (the same batches: seeded by step)
     order = pair_order(data, cfg, base_step, cfg.steps) if cfg.epochs > 0 else None  # each step's window pairs
     own = (lambda s: None) if order is None else (lambda s: order[s])  # noqa: E731
-    with Prefetcher(lambda s: [step_batch(data, cfg, base_step + s, sh, own(s)) for sh in shards], range(start, end)) as prefetch:
-        for s, batches in zip(range(start, end), prefetch):
+
+    def make(s: int) -> list[ReadyStep]:
+        return [ReadyStep.of(step_batch(sample_data, sample_cfg, base_step + s, sh, own(s)), lean) for sh in shards]
+
+    keys = range(start, end)
+    loader = ProcessPrefetcher(make, keys, workers, pin=device.type == "cuda") if workers else Prefetcher(make, keys)
+    wait = 0.0
+    with loader as prefetch:
+        for s in keys:
+            t_next = time.perf_counter()
+            batches = next(prefetch)
+            wait += time.perf_counter() - t_next
             for g in opt.param_groups:
                 g["lr"] = float(lrs[s])
             opt.zero_grad(set_to_none=True)
             centre = torch.zeros(*student.encoder.out_mean.shape[:1], student.encoder.cfg.width + 1, device=device)
-            acc = step_loss(model, student, teacher, loss_fn, batches, cfg, device, centre=centre)
+            acc = step_loss(model, student, teacher, loss_fn, batches, cfg, device, centre=centre, tables=tables)
             total = _all_reduce_mean(float(acc[0]), device)
             if not np.isfinite(total):
                 raise NonFiniteLoss(f"non-finite loss {total} at window step {s} (distill {acc[1]}, consistency {acc[2]}, "
@@ -304,12 +350,16 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
                 _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, s + 1, base_step, False, {}))
     seconds = time.perf_counter() - t0
     final_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
+    for m in (student, teacher):
+        m.encoder.autocast_dtype = None
     done = end >= cfg.steps
     backend = getattr(student.encoder.last_choice, "backend", "none")
     digest = hashlib.sha256(b"".join(v.detach().cpu().contiguous().numpy().tobytes() for v in student.state_dict().values()))
     result = TrainResult(window, base_step + end, end, start, warm, losses, parts, [], [], seconds,
                          (cfg.batch_size + 2 * cfg.pair_batch) * (end - start) / max(seconds, 1e-9), backend, weights_digest=digest.hexdigest()[:16],
-                         held_out_start=start_loss, held_out_final=final_loss)
+                         held_out_start=start_loss, held_out_final=final_loss, loader_wait_s=wait,
+                         loader=f"{workers} processes" + (", lean" if lean else "") if workers else "thread",
+                         precision="fp32" if dtype is None else "bf16")
     if rank != 0:
         return result
     entropy, share = collapse_metrics(teacher, data, cfg)
@@ -321,3 +371,9 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
         version = _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, end, base_step, done, extra))
         result = replace(result, version=version)
     return result
+
+
+def _tiny(cfg: TrainConfig) -> TrainConfig:
+    """cfg at the smallest batch it allows: one step batch of it touches every table the sampler builds per graph."""
+    return replace(cfg, batch_size=2 * cfg.shards, pair_batch=cfg.shards if cfg.pair_batch else 0,
+                   shared_negatives=cfg.shards if cfg.shared_negatives else 0)

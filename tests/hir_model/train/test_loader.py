@@ -67,3 +67,54 @@ def test_leaving_early_stops_the_worker_and_depth_must_be_positive():
         next(p)
     with pytest.raises(ValueError, match="depth"):
         Prefetcher(make, range(3), depth=0)
+
+
+def fail_at_3(key: int) -> int:
+    if key == 3:
+        raise ValueError("bad batch 3")
+    return key
+
+
+def test_worker_processes_make_the_same_items_in_key_order_and_raise_where_one_broke():
+    from hir_model.train.loader import ProcessPrefetcher
+    with ProcessPrefetcher(make, range(12), workers=2, depth=2) as p:
+        got = list(p)
+    assert len(got) == 12 and all(np.array_equal(a, make(k)) for k, a in zip(range(12), got))
+    assert not p.alive
+    got = []
+    with pytest.raises(ValueError, match="bad batch 3"), ProcessPrefetcher(fail_at_3, range(10), workers=2) as p:
+        for item in p:
+            got.append(item)
+    assert got == [0, 1, 2] and not p.alive
+
+
+def test_a_lean_step_filled_on_the_device_equals_the_full_step():
+    """What worker processes ship (node indices; no content, structure or hash codes) plus NodeTables gives the very
+    tensors a full step batch collates to: the sampler's per-node columns are lookups by node."""
+    from dataclasses import fields, replace
+
+    import torch
+
+    from hir_model.train.config import with_overrides
+    from hir_model.train.data import step_batch
+    from hir_model.train.loader import NodeTables, ReadyStep, lean_inputs
+    from tests.hir_model.train.tiny import tiny_config, tiny_data
+    data, _ = tiny_data()
+    rng = np.random.default_rng(0)
+    has = rng.random(data.graph.num_nodes) < 0.7
+    data = replace(data, content=np.where(has[:, None], rng.normal(size=(data.graph.num_nodes, 5)), 0).astype(np.float32),
+                   has_content=has)
+    cfg = with_overrides(tiny_config(pair_batch=4, shared_negatives=4), {"encoder": {"structure_dim": 8}})
+    full = ReadyStep.of(step_batch(data, cfg, 3, 0)).to(torch.device("cpu"))
+    lean_data, lean_cfg = lean_inputs(data, cfg)
+    lean = ReadyStep.of(step_batch(lean_data, lean_cfg, 3, 0), lean=True)
+    assert lean.narrow.node is not None and lean.narrow.content is None and lean.narrow.hash_codes.shape[-1] == 0
+    filled = lean.to(torch.device("cpu"), NodeTables(data, 8, torch.device("cpu")))
+    for view in ("narrow", "broad"):
+        a, b = getattr(filled, view), getattr(full, view)
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            assert (x is None) == (y is None), (view, f.name)
+            if x is not None:
+                assert x.dtype == y.dtype and torch.equal(x, y), (view, f.name)
+    assert filled.pairs == full.pairs and np.array_equal(filled.sign, full.sign)

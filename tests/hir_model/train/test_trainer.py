@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -280,3 +281,25 @@ def test_a_structural_encoding_reaches_every_view_and_the_checkpoint_still_repro
     torch.testing.assert_close(again, torch.tensor(r.probe_embeddings), atol=1e-5, rtol=1e-5)
     blind = embed_nodes(model.encoder, model.global_tokens, data, np.array(r.probe_nodes), tiny_config())  # without them
     assert not torch.allclose(blind, again, atol=1e-3)
+
+
+def test_worker_processes_train_the_same_weights_as_the_background_thread():
+    data, _ = tiny_data()
+    cfg = tiny_config(checkpoint_every=0)
+    thread = train_window(data, cfg)
+    procs = train_window(data, replace(cfg, loader_workers=2))
+    assert thread.loader == "thread" and procs.loader == "2 processes, lean"
+    assert procs.weights_digest == thread.weights_digest and procs.losses == thread.losses
+    assert 0 <= procs.loader_wait_s <= procs.seconds
+
+
+def test_precision_is_float32_on_cpu_unless_asked_and_bf16_still_reproduces_the_probe(tmp_path):
+    from hir_model.train.trainer import autocast_dtype
+    assert autocast_dtype("auto", torch.device("cpu")) is None and autocast_dtype("fp32", torch.device("cuda")) is None
+    assert autocast_dtype("auto", torch.device("cuda")) == autocast_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+    data, _ = tiny_data()
+    r = train_window(data, tiny_config(precision="bf16"), tmp_path / "b.pt", window="w0")
+    assert r.precision == "bf16" and np.isfinite(r.losses).all()
+    model = load_trained_model(tmp_path / "b.pt")  # the probe is embedded in float32 after training, as a reader does
+    again = embed_nodes(model.encoder, model.global_tokens, data, np.array(r.probe_nodes), tiny_config())
+    torch.testing.assert_close(again, torch.tensor(r.probe_embeddings), atol=1e-5, rtol=1e-5)
