@@ -44,7 +44,7 @@ NEIGHBOUR_MASK = np.int64(2**32 - 1)  # VisibleEdges.slots: edge << 32 | neighbo
 TABLES_PER_GRAPH = 4  # visible-edge tables kept per graph (one per (cutoff, max_age) asked; training asks two)
 SECOND_ROUND = 2  # a row that comes up short draws this many times more before it is scanned
 SMALL = 1 << 17  # draws compare all pairs at once when draws^2 x rows is at most this (speed only)
-SPLIT = 1 << 13  # draws are split into those every row needs and the rest when they are at least this many (speed only)
+SPLIT = 1 << 15  # draws are split into those every row needs and the rest when they are at least this many (speed only)
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,9 @@ class VisibleEdges:
     edge: np.ndarray  # int32/int64 [E'], index of each visible edge in the graph
     neighbours: np.ndarray  # int32 (int64 when N >= 2**31) [E'], its destination node
     log_weight: np.ndarray  # float32 [E'], log of its weight decayed to the cutoff
-    # int64 [E', 3], one read per draw: a draw landing on slot e keeps e with probability prob (column 0, float64 bits)
-    # and takes its alias (a visible edge of the same node) otherwise; columns 1, 2: e and the alias as edge << 32 | neighbour
+    # int64 [E', 4], one aligned 32-byte read per draw: a draw landing on slot e keeps e with probability prob (column 0,
+    # float64 bits) and takes its alias (a visible edge of the same node) otherwise; columns 1, 2: e and the alias as
+    # edge << 32 | neighbour; column 3: 0 (padding: 32-byte rows never straddle a cache line and take a faster copy)
     slots: np.ndarray
     # int64 [E' + 1], one read per token: edge type << 32 | the float32 bits of its age (seconds from its last event to
     # the cutoff); the last entry: a seed's (SELF_EDGE, 0)
@@ -127,7 +128,7 @@ def _build(graph: Graph, cutoff_us: int, min_ts: int | None) -> VisibleEdges:
     if len(edge) >= 2**31 or n >= 2**32:
         raise ValueError(f"sampler: {len(edge)} visible edges / {n} nodes do not fit its packed draw table (2**31 / 2**32)")
     own = np.arange(len(edge), dtype=np.int64) << 32 | nbr.astype(np.int64)
-    slots = np.stack([prob.view(np.int64), own, own[alias]], axis=1)
+    slots = np.stack([prob.view(np.int64), own, own[alias], np.zeros_like(own)], axis=1)
     age = np.append((cutoff_us - ts[edge]) / US, 0.0).astype(np.float32).view(np.uint32).astype(np.int64)
     return VisibleEdges(indptr, edge.astype(idx), nbr.astype(_node_dtype(n)), log_w.astype(np.float32), slots,
                         np.append(etype[edge], SELF_EDGE) << 32 | age, np.bincount(src[first], minlength=n),
@@ -224,6 +225,17 @@ def _uniform_hash(edge: np.ndarray, nonce: np.uint64) -> np.ndarray:
     return z
 
 
+def _by_row_then_key(row: np.ndarray, key: np.ndarray, rows: int) -> np.ndarray:
+    """np.lexsort((-key, row)) (row ascending, within it key descending, ties in input order), faster: an unstable SIMD
+    argsort of the keys, then a stable radix argsort of their rows (int16); lexsort itself when two keys tie or rows are
+    many."""
+    by_key = np.argsort(-key)
+    ordered = np.take(key, by_key)
+    if rows >= 2**15 or (ordered[1:] == ordered[:-1]).any():
+        return np.lexsort((-key, row))
+    return np.take(by_key, np.argsort(np.take(row, by_key).astype(np.int16), kind="stable"))
+
+
 def _rank(group: np.ndarray) -> np.ndarray:
     """Position of each element within its run of equal values (group sorted)."""
     return np.arange(len(group)) - np.searchsorted(group, group, side="left")
@@ -267,7 +279,7 @@ class _Call:
         slot = x.astype(np.int64)  # floor(u * deg) < deg for float64 u < 1
         x -= slot  # the alias coin, uniform in [0, 1)
         slot += start
-        row = np.take(t.slots, slot, axis=0)  # (m, R, 3); np.take: several times faster than [] on rows
+        row = np.take(t.slots, slot, axis=0)  # (m, R, 4); np.take: several times faster than [] on rows
         packed = np.where(x < row[..., 0].view(np.float64), row[..., 1], row[..., 2])  # (m, R) i.i.d. weighted draws
         nbr = _neighbour(packed, path[0].dtype)
         ok = nbr != path[0]
@@ -326,7 +338,7 @@ class _Call:
         rep = np.flatnonzero(key == np.take(top, gid))
         g = np.take(gid, rep)
         rep = rep[np.concatenate([[True], g[1:] != g[:-1]])]  # one edge per group, drawn by weight
-        rep = rep[np.lexsort((-np.take(key, rep), np.take(row, rep)))]
+        rep = np.take(rep, _by_row_then_key(np.take(row, rep), np.take(key, rep), len(start)))
         row = np.take(row, rep)
         slot = np.take(found, row) + _rank(row)
         sel = np.flatnonzero(slot < k)
@@ -409,7 +421,8 @@ def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: i
               edge: list) -> SampledBatch:
     """Per-level token arrays (each grouped by sequence) -> one sequence per seed in BFS order, with local ancestor indices.
     A level's tokens keep their order, so a token's place is its sequence's offset, the tokens of its sequence at the
-    levels above, and its rank among its sequence's tokens at its own level: no sort."""
+    levels above, and its rank among its sequence's tokens at its own level: each level is written straight to its
+    places, no sort and no permutation pass."""
     b, levels = len(seeds), len(node)
     seq = [np.arange(b)]
     for o in owner:
@@ -420,26 +433,23 @@ def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: i
     t = int(offsets[-1])
     # (L, B): local position of a sequence's first token at a level, minus that token's index within the level
     shift = np.cumsum(counts, axis=0) - counts - (np.cumsum(counts, axis=1) - counts)
-    anc_lo = np.empty((t, levels), np.int64)  # ancestors, level-by-level order
-    order = np.empty(t, np.int64)  # output position -> level-by-level index
-    lo = 0
+    nodes, e = np.empty(t, np.int64), np.empty(t, np.int64)
+    ancestors = np.empty((t, levels), np.int64)
+    rows = ancestors.view(np.dtype((np.void, 8 * levels))).reshape(-1)  # one item per token: np.put moves whole rows
+    block = np.full((b, levels), -1, np.int64)  # (n, L) the level's ancestors, in level order
     for d, s in enumerate(seq):
         n = len(s)
-        local = np.arange(n) + np.take(shift[d], s)  # (n,) position within its sequence
-        order[local + np.take(offsets, s)] = np.arange(lo, lo + n)
-        block = anc_lo[lo:lo + n]
         if d:  # the parent's ancestors (-1 from depth d on), then its own local index
-            np.take(anc_lo[lo - len(seq[d - 1]):lo], owner[d - 1], axis=0, out=block)
-        else:
-            block[:, 1:] = -1
+            block = np.take(block, owner[d - 1], axis=0)
+        local = np.arange(n) + np.take(shift[d], s)  # (n,) position within its sequence
         block[:, d] = local
-        lo += n
-    e = np.take(np.concatenate(edge), order)  # a seed's edge is -1: the table's last entry (self, age 0)
-    nodes = np.take(np.concatenate(node), order)
+        at = local + np.take(offsets, s)  # (n,) position in the batch
+        np.put(nodes, at, node[d])
+        np.put(e, at, edge[d])  # a seed's edge is -1: the table's last entry (self, age 0)
+        np.put(rows, at, block.view(rows.dtype).reshape(-1))
     depth = np.repeat(np.tile(np.arange(levels), b), counts.T.reshape(-1))  # BFS order: a sequence's levels in turn
     type_age = np.take(table.type_age, e)
     hash_codes = np.take(np.asarray(graph.nodes.hash_codes), nodes, axis=0)
-    ancestors = np.take(anc_lo, order, axis=0)
     edge_type = type_age >> 32
     edge_age = type_age.astype(np.uint32).view(np.float32)
     node_type = np.take(table.node_type, nodes)
