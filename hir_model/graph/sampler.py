@@ -44,6 +44,7 @@ NEIGHBOUR_MASK = np.int64(2**32 - 1)  # VisibleEdges.slots: edge << 32 | neighbo
 TABLES_PER_GRAPH = 4  # visible-edge tables kept per graph (one per (cutoff, max_age) asked; training asks two)
 SECOND_ROUND = 2  # a row that comes up short draws this many times more before it is scanned
 SMALL = 1 << 17  # draws compare all pairs at once when draws^2 x rows is at most this (speed only)
+MANY = 24  # more draws a row than this are deduplicated by sorting each row (speed only)
 SPLIT = 1 << 15  # draws are split into those every row needs and the rest when they are at least this many (speed only)
 
 
@@ -84,6 +85,7 @@ class VisibleEdges:
     distinct: np.ndarray  # int64 [N], distinct visible neighbours per node
     node_type: np.ndarray  # int64 [N], the graph's node types (converted once)
     strength: np.ndarray  # float32 [N], Graph.strength_until(cutoff)
+    self_loops: bool  # whether a visible edge joins a node to itself (if not, draws need not compare with their own node)
 
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -132,7 +134,7 @@ def _build(graph: Graph, cutoff_us: int, min_ts: int | None) -> VisibleEdges:
     age = np.append((cutoff_us - ts[edge]) / US, 0.0).astype(np.float32).view(np.uint32).astype(np.int64)
     return VisibleEdges(indptr, edge.astype(idx), nbr.astype(_node_dtype(n)), log_w.astype(np.float32), slots,
                         np.append(etype[edge], SELF_EDGE) << 32 | age, np.bincount(src[first], minlength=n),
-                        np.asarray(graph.nodes.node_type, np.int64), graph.strength_until(cutoff_us))
+                        np.asarray(graph.nodes.node_type, np.int64), graph.strength_until(cutoff_us), bool((src == nbr).any()))
 
 
 def _node_dtype(num_nodes: int) -> type:
@@ -206,6 +208,20 @@ def _earlier(m: int) -> np.ndarray:
     return np.triu(np.ones((m, m), bool), 1)[:, :, None]
 
 
+def _running(keep: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """int64 (m, R): base + the running count of keep (m, R) over axis 0; np.cumsum over axis 0 is slow when R is large."""
+    m, r = keep.shape
+    if r < 256:
+        pos = np.cumsum(keep, axis=0)
+        pos += base
+        return pos
+    pos = np.empty((m, r), np.int64)
+    np.add(base, keep[0], out=pos[0])
+    for j in range(1, m):
+        np.add(pos[j - 1], keep[j], out=pos[j])
+    return pos
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated aranges [starts[i], starts[i] + lengths[i])."""
     ends = np.cumsum(lengths)
@@ -255,25 +271,26 @@ class _Call:
         u = (z >> 11) 2**-53 >= edge_drop, that is z >= ceil(edge_drop 2**53) << 11 (exact: both sides are integers)."""
         return _uniform_hash(edge, self.nonce) >= np.uint64(int(np.ceil(self.view.edge_drop * 2.0**53)) << 11)
 
-    def draw(self, start: np.ndarray, deg: np.ndarray, path: list[np.ndarray], picks: _Picks, rows: np.ndarray,
+    def draw(self, start: np.ndarray, deg: np.ndarray, path: list[np.ndarray], out: np.ndarray, rows: np.ndarray,
              found: np.ndarray, m: int) -> np.ndarray:
         """m alias draws for each of `rows` (its node's first visible edge, its visible degree as float64, its path),
-        continuing its i.i.d. sequence: the distinct valid neighbours not yet in its row of `picks` (`found` filled) are
-        appended there in draw order, up to k. Returns the new found [R]."""
-        return self._draws(self.rng.random((m, len(rows))), start, deg, path, picks, rows, found)  # (m, R): draw-major
+        continuing its i.i.d. sequence: the distinct valid neighbours not yet in out[row] ((F, k) packed edge << 32 |
+        neighbour, each row filled from the left, `found` filled, -1 empty) are appended there in draw order, up to k.
+        Returns the new found [R]."""
+        return self._draws(self.rng.random((m, len(rows))), start, deg, path, out, rows, found)  # (m, R): draw-major
 
-    def _draws(self, x: np.ndarray, start: np.ndarray, deg: np.ndarray, path: list[np.ndarray], picks: _Picks,
+    def _draws(self, x: np.ndarray, start: np.ndarray, deg: np.ndarray, path: list[np.ndarray], out: np.ndarray,
                rows: np.ndarray, found: np.ndarray) -> np.ndarray:
         """`draw` with its uniforms x (m, R). A row that is full ignores its later draws, so when rows are many, the
         first k - max(found) draws go to every row and the rest only to the rows that are still short."""
-        (m, r), k, t = x.shape, picks.k, self.table
+        (m, r), k, t = x.shape, out.shape[1], self.table
         first = k - int(found.max()) if r else m  # draws that no row can do without
         if first < m and m * r >= SPLIT:
-            got = self._draws(x[:first], start, deg, path, picks, rows, found)
+            got = self._draws(x[:first], start, deg, path, out, rows, found)
             more = np.flatnonzero(got < k)
             if len(more):
                 got[more] = self._draws(np.take(x[first:], more, axis=1), np.take(start, more), np.take(deg, more),
-                                        [np.take(c, more) for c in path], picks, np.take(rows, more), np.take(got, more))
+                                        [np.take(c, more) for c in path], out, np.take(rows, more), np.take(got, more))
             return got
         x *= deg
         slot = x.astype(np.int64)  # floor(u * deg) < deg for float64 u < 1
@@ -282,12 +299,13 @@ class _Call:
         row = np.take(t.slots, slot, axis=0)  # (m, R, 4); np.take: several times faster than [] on rows
         packed = np.where(x < row[..., 0].view(np.float64), row[..., 1], row[..., 2])  # (m, R) i.i.d. weighted draws
         nbr = _neighbour(packed, path[0].dtype)
-        ok = nbr != path[0]
-        for col in path[1:]:
+        cols = path if t.self_loops else path[:-1]  # path[-1] is the row's own node
+        ok = nbr != cols[0] if cols else np.ones((m, r), bool)
+        for col in cols[1:]:
             ok &= nbr != col
         have = int(found.max()) if r else 0
         if have:
-            seen = np.take(picks.neighbour, rows, axis=0)  # (R, k), -1 past found
+            seen = _neighbour(np.take(out, rows, axis=0), nbr.dtype)  # (R, k), -1 past found
             for j in range(have):
                 ok &= nbr != seen[:, j]
         if self.view.edge_drop > 0:
@@ -295,24 +313,32 @@ class _Call:
             vals = np.where(ok, nbr, -1)  # a dropped draw hides nothing: the same neighbour may come by another edge
         else:  # validity is a property of the neighbour: an invalid draw's neighbour is invalid at every draw
             vals = nbr
-        # pos[j, r]: where row r's next pick goes in picks (flat) after draw j; a draw is kept when it is valid, its
+        # pos[j, r]: where row r's next pick goes in out (flat) after draw j; a draw is kept when it is valid, its
         # neighbour is new in its row (no earlier valid draw had it) and the row is not full
         keep, base = ok, rows * k - 1 + found
-        if m * m * r <= SMALL:  # a few large numpy calls: (i, j, R) all pairs at once
-            dup = vals[:, None] == nbr[None]  # (m, m, R): draw i's value is draw j's neighbour ...
-            dup &= _earlier(m)  # ... and i < j
-            keep &= ~dup.any(0)
-            pos = np.cumsum(keep, axis=0)
-            pos += base
-        else:  # m calls on (<= m, R) arrays (a cumsum over axis 0 is slow on long rows)
-            pos = np.empty((m, r), np.int64)
-            np.add(base, keep[0], out=pos[0])
-            for j in range(1, m):
-                keep[j] &= ~(vals[:j] == nbr[j]).any(0)
-                np.add(pos[j - 1], keep[j], out=pos[j])
+        if m >= MANY and m * m * r > SMALL:  # many draws a row: sort each row's draws by value, then draw index
+            v = vals.T.astype(np.int64) * m + np.arange(m)  # (R, m)
+            v.sort(axis=1)
+            fresh = np.ones((r, m), bool)  # the first of each value is new
+            np.not_equal(v[:, 1:] // m, v[:, :-1] // m, out=fresh[:, 1:])
+            first = np.zeros(r * m, bool)
+            first[(np.arange(0, r * m, m)[:, None] + v % m)[fresh]] = True
+            keep_t = first.reshape(r, m)
+            keep_t &= ok.T
+            pos = (np.cumsum(keep_t, axis=1) + base[:, None]).T  # (m, R) view of a row-major cumsum
+            keep = keep_t.T
+        else:
+            if m * m * r <= SMALL:  # a few large numpy calls: (i, j, R) all pairs at once
+                dup = vals[:, None] == nbr[None]  # (m, m, R): draw i's value is draw j's neighbour ...
+                dup &= _earlier(m)  # ... and i < j
+                keep &= ~dup.any(0)
+            else:  # m calls on (<= m, R) arrays
+                for j in range(1, m):
+                    keep[j] &= ~(vals[:j] == nbr[j]).any(0)
+            pos = _running(keep, base)
         keep &= pos < (rows + 1) * k
         at = np.flatnonzero(keep)  # kept draws, draw-major
-        picks.put(np.take(pos, at), np.take(packed, at), np.take(nbr, at))
+        out.reshape(-1)[np.take(pos, at)] = np.take(packed, at)
         return np.minimum(pos[-1] - (rows * k - 1), k)
 
     def scan(self, start: np.ndarray, deg: np.ndarray, exclude: np.ndarray, found: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
@@ -346,27 +372,6 @@ class _Call:
         return np.take(row, sel), np.take(slot, sel), np.take(edge, rep) << 32 | np.take(nbr, rep)
 
 
-@dataclass(frozen=True)
-class _Picks:
-    """What a level has drawn so far: up to k neighbours per frontier token, each row's filled from the left."""
-
-    packed: np.ndarray  # int64 (F, k): visible edge << 32 | neighbour; -1 empty
-    neighbour: np.ndarray  # int32/int64 (F, k): the neighbour alone (what draws compare with); -1 empty
-
-    @classmethod
-    def empty(cls, f: int, k: int, dtype: type) -> _Picks:
-        return cls(np.full((f, k), -1, np.int64), np.full((f, k), -1, dtype))
-
-    @property
-    def k(self) -> int:
-        return self.packed.shape[1]
-
-    def put(self, flat: np.ndarray, packed: np.ndarray, neighbour: np.ndarray) -> None:
-        """Write picks at flat positions row * k + slot."""
-        self.packed.reshape(-1)[flat] = packed
-        self.neighbour.reshape(-1)[flat] = neighbour
-
-
 def _pick(call: _Call, path: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
     """(count [F], packed [count.sum()]): up to k distinct neighbours of each frontier token (path[-1]) as visible edge <<
     32 | neighbour, grouped by token, within it in draw order."""
@@ -375,27 +380,27 @@ def _pick(call: _Call, path: list[np.ndarray], k: int) -> tuple[np.ndarray, np.n
     deg = np.take(t.indptr, node + 1) - start
     distinct = np.take(t.distinct, node)
     cap = np.minimum(distinct, k)  # what a token can give at most
-    picks = _Picks.empty(len(node), k, node.dtype)
+    out = np.full((len(node), k), -1, np.int64)  # (F, k) packed picks, each row filled from the left
     found = np.zeros(len(node), np.int64)
     hub = np.flatnonzero((deg > view.scan_degree) & (distinct > k))  # the others are scanned: draws would come up short
     if len(hub):  # draws, then more draws for the rows that came up short
         every = len(hub) == len(node)
         start_h, deg_h, path_h = (start, deg, path) if every else (start[hub], deg[hub], [c[hub] for c in path])
         deg_h = deg_h.astype(np.float64)
-        got = call.draw(start_h, deg_h, path_h, picks, hub, found[hub], view.draws_per_slot * k)
+        got = call.draw(start_h, deg_h, path_h, out, hub, found[hub], view.draws_per_slot * k)
         short = np.flatnonzero(got < cap[hub])
         if len(short):
-            got[short] = call.draw(start_h[short], deg_h[short], [c[short] for c in path_h], picks, hub[short], got[short],
+            got[short] = call.draw(start_h[short], deg_h[short], [c[short] for c in path_h], out, hub[short], got[short],
                                    SECOND_ROUND * view.draws_per_slot * k)
         found[hub] = got
     rest = np.flatnonzero((found < cap) & (deg > 0))  # short of what the node may still give
     if len(rest):
-        exclude = np.concatenate([np.stack([c[rest] for c in path], axis=1), picks.neighbour[rest]], axis=1)  # (S, d + 1 + k)
+        exclude = np.concatenate([np.stack([c[rest] for c in path], axis=1), _neighbour(out[rest], node.dtype)], axis=1)
         row, slot, packed = call.scan(start[rest], deg[rest], exclude, found[rest], k)
-        picks.put(rest[row] * k + slot, packed, _neighbour(packed, node.dtype))
+        out[rest[row], slot] = packed
         found[rest] += np.bincount(row, minlength=len(rest))
-    at = np.flatnonzero(picks.neighbour.reshape(-1) >= 0)  # row-major: by row, within it in draw order
-    return found, np.take(picks.packed, at)
+    at = np.flatnonzero(out.reshape(-1) >= 0)  # row-major: by row, within it in draw order
+    return found, np.take(out, at)
 
 
 def sample(graph: Graph, seeds: np.ndarray, cutoff_us: int, view: ViewConfig, rng: np.random.Generator) -> SampledBatch:
@@ -405,57 +410,54 @@ def sample(graph: Graph, seeds: np.ndarray, cutoff_us: int, view: ViewConfig, rn
         raise IndexError(f"seeds must be node indices in [0, {graph.num_nodes}); got {seeds.min()}..{seeds.max()}")
     table = visible_edges(graph, int(cutoff_us), view.max_age_days)
     call = _Call(table, view, rng, np.uint64(rng.integers(0, 2**63)))
-    b = len(seeds)
-    owner, node, edge = [], [seeds], [np.full(b, -1)]  # per level; owner: the index of each token's parent in the level above
+    # per level: each token as edge << 32 | node (a seed's edge: the tables' last entry, self), and for the levels below
+    # the seeds, the children of each token of the level above and the index of each token's parent there
+    tokens, count, owner = [np.int64(len(table.type_age) - 1) << 32 | seeds], [], []
     path = [seeds.astype(table.neighbours.dtype)]  # per depth 0..d, [F]: the nodes from the root to each frontier token
     for k in view.fanout:
-        count, packed = _pick(call, path, k)
-        o = np.repeat(np.arange(len(count)), count)
-        nbr = _neighbour(packed, path[0].dtype)
-        owner.append(o), node.append(nbr), edge.append(packed >> 32)
-        path = [np.take(c, o) for c in path] + [nbr]
-    return _assemble(graph, table, seeds, int(cutoff_us), owner, node, edge)
+        c, packed = _pick(call, path, k)
+        o = np.repeat(np.arange(len(c)), c)
+        tokens.append(packed), count.append(c), owner.append(o)
+        path = [np.take(col, o) for col in path] + [_neighbour(packed, path[0].dtype)]
+    return _assemble(graph, table, seeds, int(cutoff_us), tokens, count, owner)
 
 
-def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: int, owner: list, node: list,
-              edge: list) -> SampledBatch:
-    """Per-level token arrays (each grouped by sequence) -> one sequence per seed in BFS order, with local ancestor indices.
+def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: int, tokens: list, count: list,
+              owner: list) -> SampledBatch:
+    """Per-level tokens (each grouped by sequence) -> one sequence per seed in BFS order, with local ancestor indices.
     A level's tokens keep their order, so a token's place is its sequence's offset, the tokens of its sequence at the
     levels above, and its rank among its sequence's tokens at its own level: each level is written straight to its
     places, no sort and no permutation pass."""
-    b, levels = len(seeds), len(node)
-    seq = [np.arange(b)]
-    for o in owner:
-        seq.append(np.take(seq[-1], o))
-    counts = np.stack([np.bincount(s, minlength=b) for s in seq])  # (L, B) tokens per sequence and level
+    b, levels = len(seeds), len(tokens)
+    per_seq = np.ones((levels, b), np.int64)  # (L, B) tokens per sequence and level
+    for d, c in enumerate(count, 1):  # a sequence's tokens at level d: the children of its tokens at level d - 1
+        below = np.zeros(len(c) + 1, np.int64)
+        np.cumsum(c, out=below[1:])
+        end = np.cumsum(per_seq[d - 1])
+        per_seq[d] = np.take(below, end) - np.take(below, end - per_seq[d - 1])
     offsets = np.zeros(b + 1, np.int64)
-    np.cumsum(counts.sum(0), out=offsets[1:])
+    np.cumsum(per_seq.sum(0), out=offsets[1:])
     t = int(offsets[-1])
-    # (L, B): local position of a sequence's first token at a level, minus that token's index within the level
-    shift = np.cumsum(counts, axis=0) - counts - (np.cumsum(counts, axis=1) - counts)
-    nodes, e = np.empty(t, np.int64), np.empty(t, np.int64)
+    # (L, B): place of a sequence's first token at a level, minus that token's index within the level
+    shift = offsets[:-1] + np.cumsum(per_seq, axis=0) - per_seq - (np.cumsum(per_seq, axis=1) - per_seq)
+    packed = np.empty(t, np.int64)
     ancestors = np.empty((t, levels), np.int64)
     rows = ancestors.view(np.dtype((np.void, 8 * levels))).reshape(-1)  # one item per token: np.put moves whole rows
     block = np.full((b, levels), -1, np.int64)  # (n, L) the level's ancestors, in level order
-    for d, s in enumerate(seq):
-        n = len(s)
+    for d in range(levels):
+        at = np.arange(len(tokens[d])) + np.repeat(shift[d], per_seq[d])  # place in the batch
         if d:  # the parent's ancestors (-1 from depth d on), then its own local index
             block = np.take(block, owner[d - 1], axis=0)
-        local = np.arange(n) + np.take(shift[d], s)  # (n,) position within its sequence
-        block[:, d] = local
-        at = local + np.take(offsets, s)  # (n,) position in the batch
-        np.put(nodes, at, node[d])
-        np.put(e, at, edge[d])  # a seed's edge is -1: the table's last entry (self, age 0)
+        block[:, d] = at - np.repeat(offsets[:-1], per_seq[d])
+        np.put(packed, at, tokens[d])
         np.put(rows, at, block.view(rows.dtype).reshape(-1))
-    depth = np.repeat(np.tile(np.arange(levels), b), counts.T.reshape(-1))  # BFS order: a sequence's levels in turn
-    type_age = np.take(table.type_age, e)
-    hash_codes = np.take(np.asarray(graph.nodes.hash_codes), nodes, axis=0)
-    edge_type = type_age >> 32
-    edge_age = type_age.astype(np.uint32).view(np.float32)
-    node_type = np.take(table.node_type, nodes)
-    strength = np.take(table.strength, nodes)
-    return SampledBatch(offsets=offsets, seeds=seeds, node=nodes, hash_codes=hash_codes, node_type=node_type, depth=depth,
-                        ancestors=ancestors, edge_type=edge_type, edge_age=edge_age, cutoff_us=cutoff_us, strength=strength)
+    nodes = packed & NEIGHBOUR_MASK
+    type_age = np.take(table.type_age, packed >> 32)
+    return SampledBatch(
+        offsets=offsets, seeds=seeds, node=nodes, hash_codes=np.take(np.asarray(graph.nodes.hash_codes), nodes, axis=0),
+        node_type=np.take(table.node_type, nodes), depth=np.repeat(np.tile(np.arange(levels), b), per_seq.T.reshape(-1)),
+        ancestors=ancestors, edge_type=type_age >> 32, edge_age=type_age.astype(np.uint32).view(np.float32),
+        cutoff_us=cutoff_us, strength=np.take(table.strength, nodes))
 
 
 def sample_views(graph: Graph, seeds: np.ndarray, cutoff_us: int, rng: np.random.Generator,
