@@ -9,8 +9,11 @@ cumulative graph, and declaring t+1 would mark every adapter stale when the next
 last window would wait for a window that does not exist.
 """
 
+from typing import Optional
+
 import dagster as dg
 
+from hir_assets.overrides import Overrides
 from hir_assets.resources import PartitionStorage
 from hir_model.adapter.fit import OBJECTIVES, AdapterConfig
 from hir_model.adapter.objective_adapter import ADAPTER_ASSET, adapt_window, write_adapter
@@ -23,12 +26,17 @@ LOSS_DECREASED_CHECK = "adapter_loss_decreased"
 SAME_WINDOW = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="window")
 
 
-class ObjectiveAdapterRun(dg.Config):
-    rank: int = 16  # rank of each side's low-rank residual map
-    steps: int = 100  # optimizer steps
-    batch_size: int = 256  # pairs per step (the batch's other items are the negatives)
-    lr: float = 5e-3
-    seed: int = 0
+class ObjectiveAdapterRun(Overrides):
+    """Overrides of AdapterConfig (hir_model.adapter.fit)."""
+
+    rank: Optional[int] = None  # rank of each side's low-rank residual map
+    steps: Optional[int] = None  # optimizer steps
+    batch_size: Optional[int] = None  # pairs per step (the batch's other items are the negatives)
+    lr: Optional[float] = None
+    seed: Optional[int] = None
+
+    def adapter_config(self, base: AdapterConfig = AdapterConfig()) -> AdapterConfig:
+        return self.apply(base)
 
 
 def adapter_partitions(window_partitions: dg.TimeWindowPartitionsDefinition) -> dg.MultiPartitionsDefinition:
@@ -53,8 +61,7 @@ def build_adapter_assets(window_partitions: dg.TimeWindowPartitionsDefinition) -
         keys = context.partition_key.keys_by_dimension
         window, objective, store = _window(window_partitions, keys["window"]), keys["objective"], storage.store()
         next_window = _window(window_partitions, window_partitions.get_next_partition_key(window.key))
-        cfg = AdapterConfig(rank=config.rank, steps=config.steps, batch_size=config.batch_size, lr=config.lr, seed=config.seed)
-        run = adapt_window(store, window, next_window, objective, cfg)
+        run = adapt_window(store, window, next_window, objective, config.adapter_config())
         with store.writing() as staging:
             part = write_adapter(staging, run)
         m = run.metrics()

@@ -10,10 +10,12 @@ once t+1 is in, e.g. right after t+1's run, or as a second pass over the windows
 import base64
 import math
 from datetime import datetime, timezone
+from typing import Optional
 
 import dagster as dg
 import pyarrow.parquet as pq
 
+from hir_assets.overrides import Overrides
 from hir_assets.partitions import window_of
 from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import CONTENT_ASSET
@@ -42,8 +44,13 @@ DESCRIPTION = ("Window t's artefacts on window t+1's events: HIR as served (BoM 
                "events exist.")
 
 
-class WindowEvaluationRun(dg.Config):
-    warm_start: bool = True  # LightGCN and ALS start from the latest earlier window's saved state
+class WindowEvaluationRun(Overrides):
+    """Overrides of WindowEvalConfig (hir_model.eval.window_evaluation)."""
+
+    warm_start: Optional[bool] = None  # LightGCN and ALS start from the latest earlier window's saved state
+
+    def eval_config(self, base: WindowEvalConfig = WindowEvalConfig()) -> WindowEvalConfig:
+        return self.apply(base)
 
 
 def spec_of(partitions: dg.TimeWindowPartitionsDefinition) -> WindowSpec:
@@ -66,7 +73,7 @@ def planted_truth(source: SourceResource):
 
 
 def metadata(outcome: WindowOutcome, history: list, store, key: str, rows: int) -> dict:
-    ev, extras = outcome.evaluation, outcome.extras
+    ev = outcome.evaluation
     c = ev.counts
     meta = {
         "next_window": ev.next_window,
@@ -82,10 +89,10 @@ def metadata(outcome: WindowOutcome, history: list, store, key: str, rows: int) 
         "warm_users": c.warm_users, "cold_users": c.cold_users, "cold_users_too_few": c.cold_users_too_few,
         "known_items": c.known_items, "new_items": c.new_items, "train_events": c.train_events,
         "next_engagements": c.next_engagements, "content_source": ev.content_source,
-        "hir": dg.MetadataValue.json(extras.get("hir", {})),
+        "hir": dg.MetadataValue.json(outcome.hir.as_dict()),
         **{f"{m}_warm_deep_recall20": float(v) for m in ("hir", "hir_exact", "hir_embeddings")
            if not math.isnan(v := ev.value(m, "warm", "known", "deep_funnel", "recall@20"))},
-        "warm_started_from": dg.MetadataValue.json(extras.get("warm_started_from", {})),
+        "warm_started_from": dg.MetadataValue.json(outcome.warm_started_from),
         "dagster/row_count": rows,
         "path": dg.MetadataValue.path(store.uri(EVALUATION_ASSET, key)),
     }
@@ -98,7 +105,7 @@ def metadata(outcome: WindowOutcome, history: list, store, key: str, rows: int) 
 
 def check_results(outcome: WindowOutcome, key: str) -> list[dg.AssetCheckResult]:
     """The leak guard (what was opened after window t) and whether HIR made it into the table."""
-    ev, hir = outcome.evaluation, outcome.extras.get("hir", {})
+    ev, hir = outcome.evaluation, outcome.hir
     leaks = future_reads(outcome.opened, key, ev.next_window)
     return [
         dg.AssetCheckResult(check_name=CAUSAL_READS_CHECK, passed=not leaks,
@@ -106,8 +113,8 @@ def check_results(outcome: WindowOutcome, key: str) -> list[dg.AssetCheckResult]
                                         f"{sorted({p for _, p in outcome.opened if p > key}) or 'none'}",
                             metadata={"future_reads": dg.MetadataValue.json([list(x) for x in leaks]),
                                       "future_read_count": len(leaks), "partitions_read": len(outcome.opened)}),
-        dg.AssetCheckResult(check_name=HIR_EVALUATED_CHECK, passed=bool(hir.get("evaluated")), severity=dg.AssetCheckSeverity.WARN,
-                            description=hir.get("reason", f"HIR scored {ev.counts.warm_users} warm and {ev.counts.cold_users} cold users")),
+        dg.AssetCheckResult(check_name=HIR_EVALUATED_CHECK, passed=hir.evaluated, severity=dg.AssetCheckSeverity.WARN,
+                            description=hir.reason or f"HIR scored {ev.counts.warm_users} warm and {ev.counts.cold_users} cold users"),
     ]
 
 
@@ -133,8 +140,7 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
                           source: SourceResource):
         """Evaluate window t on window t+1's events, or skip (with an observation saying why) until they exist."""
         window, store = window_of(context), storage.store()
-        settings = WindowEvalConfig(warm_start=config.warm_start)
-        outcome = evaluate_published_window(store, spec_at_load, window.key, settings, planted_truth(source))
+        outcome = evaluate_published_window(store, spec_at_load, window.key, config.eval_config(), planted_truth(source))
         if not isinstance(outcome, WindowOutcome):
             context.log.warning(outcome.reason)
             yield dg.AssetObservation(asset_key=EVALUATION_ASSET, partition=window.key, metadata={"skipped": outcome.reason})

@@ -1,18 +1,22 @@
 """Hierarchy stage: entity_embeddings (every entity in one metric space) and interest_hierarchy (primitives,
 assignments with stable ids, super-graph, labels)."""
 
+from dataclasses import replace
+from typing import Optional
+
 import dagster as dg
 import numpy as np
 
+from hir_assets.overrides import Overrides
 from hir_assets.partitions import window_of
 from hir_assets.resources import PartitionStorage
 from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET
 from hir_model.embed import EMBEDDINGS_ASSET, EMBEDDINGS_FILE, EmbedConfig, embeddings_table
-from hir_model.embed.entity_embeddings import embed_window, unit_norm_error
+from hir_model.data.windows import Window
+from hir_model.embed.entity_embeddings import EmbeddingsBuild, embed_window, unit_norm_error
 from hir_model.graph.window import GRAPH_ASSET, to_us
-from hir_model.hierarchy import (ASSIGNMENTS_FILE, HIERARCHY_ASSET, PRIMITIVES_FILE, SUPER_GRAPH_FILE, AssignConfig,
-                                 HierarchyConfig)
+from hir_model.hierarchy import ASSIGNMENTS_FILE, HIERARCHY_ASSET, PRIMITIVES_FILE, SUPER_GRAPH_FILE, Hierarchy, HierarchyConfig
 from hir_model.hierarchy.interest_hierarchy import hierarchy_window
 from hir_model.train.checkpoint import ENCODER_ASSET
 
@@ -24,26 +28,55 @@ NORM_TOLERANCE = 1e-3
 PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 
 
-class EntityEmbeddingsRun(dg.Config):
-    batch_size: int = 256  # seeds per forward pass (in the checkpoint's teacher view: TrainConfig's has up to 105 tokens each)
+class EntityEmbeddingsRun(Overrides):
+    """Overrides of EmbedConfig (hir_model.embed)."""
+
+    batch_size: Optional[int] = None  # seeds per forward pass (in the checkpoint's teacher view)
+
+    def embed_config(self, base: EmbedConfig = EmbedConfig()) -> EmbedConfig:
+        return self.apply(base)
 
 
-class InterestHierarchyRun(dg.Config):
-    temperature: float = 0.1  # softmax temperature over the cosine similarity to each primitive (its centroid)
-    top_k: int = 3  # primitives kept per entity per level
-    min_similarity: float = 0.5  # a prototype keeps its predecessor's id only when at least this similar
-    centroid_steps: int = 10  # k-means steps moving each primitive from its prototype to its members' centroid (0: none)
-    reseed_dead: bool = True  # a primitive nearest to nobody is re-seeded among the worst-fitted entities (k-means++)
+class InterestHierarchyRun(Overrides):
+    """Overrides of HierarchyConfig and its AssignConfig (hir_model.hierarchy)."""
+
+    temperature: Optional[float] = None  # softmax temperature over the cosine similarity to each primitive (its centroid)
+    top_k: Optional[int] = None  # primitives kept per entity per level
+    min_similarity: Optional[float] = None  # a prototype keeps its predecessor's id only when at least this similar
+    centroid_steps: Optional[int] = None  # k-means steps from each primitive's prototype to its members' centroid (0: none)
+    reseed_dead: Optional[bool] = None  # a primitive nearest to nobody is re-seeded among the worst-fitted entities
+
+    def hierarchy_config(self, base: HierarchyConfig = HierarchyConfig()) -> HierarchyConfig:
+        return replace(self.apply(base), assign=self.apply(base.assign))
 
 
 def _result(asset: str, name: str, passed: bool, description: str, **metadata) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(asset_key=asset, check_name=name, passed=bool(passed), description=description, metadata=metadata)
 
 
-def _previous_with(store, asset: str, key: str, filename: str) -> str | None:
-    """The latest partition before `key` holding `filename` (t-1 unless t-1 was never run)."""
-    earlier = [p for p in store.partitions(asset) if p < key and store.exists(asset, p, filename)]
+def previous_hierarchy(store, key: str) -> str | None:
+    """The latest partition before `key` holding an interest_hierarchy (t-1 unless t-1 was never run)."""
+    earlier = [p for p in store.partitions(HIERARCHY_ASSET) if p < key and store.exists(HIERARCHY_ASSET, p, PRIMITIVES_FILE)]
     return earlier[-1] if earlier else None
+
+
+def publish_embeddings(store, window: Window, config: EmbedConfig) -> EmbeddingsBuild:
+    """Window `window`'s entity_embeddings, computed and published."""
+    build = embed_window(store, window.key, to_us(window.end), config)
+    with store.writing() as staging:
+        staging.write_table(EMBEDDINGS_ASSET, window.key, EMBEDDINGS_FILE, embeddings_table(build.embeddings))
+    return build
+
+
+def publish_hierarchy(store, window: Window, config: HierarchyConfig) -> tuple[Hierarchy, str | None]:
+    """Window `window`'s interest_hierarchy, its ids matched to the previous one's, computed and published; and the
+    previous partition (None: fresh ids)."""
+    prev_key = previous_hierarchy(store, window.key)
+    h = hierarchy_window(store, window.key, prev_key, to_us(window.end), config)
+    with store.writing() as staging:
+        for name, file in (("assignments", ASSIGNMENTS_FILE), ("primitives", PRIMITIVES_FILE), ("super_graph", SUPER_GRAPH_FILE)):
+            staging.write_table(HIERARCHY_ASSET, window.key, file, h.tables[name])
+    return h, prev_key
 
 
 def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
@@ -58,10 +91,8 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asset
                           storage: PartitionStorage) -> dg.MaterializeResult:
         """Every user, product, advertiser and campaign in one metric space; cold-start ones from content and type alone."""
         window, store = window_of(context), storage.store()
-        build = embed_window(store, window.key, to_us(window.end), EmbedConfig(batch_size=config.batch_size))
+        build = publish_embeddings(store, window, config.embed_config())
         emb = build.embeddings
-        with store.writing() as staging:
-            staging.write_table(EMBEDDINGS_ASSET, window.key, EMBEDDINGS_FILE, embeddings_table(emb))
         bad, norm_err = unit_norm_error(emb)
         types, counts = np.unique(emb.entity_type.astype(str), return_counts=True)
         checks = [
@@ -90,19 +121,14 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asset
                            storage: PartitionStorage) -> dg.MaterializeResult:
         """Multi-level interest primitives: soft top-k assignments, super-graph, ids stable across windows, labels."""
         window, store = window_of(context), storage.store()
-        prev_key = _previous_with(store, HIERARCHY_ASSET, window.key, PRIMITIVES_FILE)
-        cfg = HierarchyConfig(AssignConfig(config.temperature, config.top_k), config.min_similarity,
-                              centroid_steps=config.centroid_steps, reseed_dead=config.reseed_dead)
-        h = hierarchy_window(store, window.key, prev_key, to_us(window.end), cfg)
-        with store.writing() as staging:
-            for name, file in (("assignments", ASSIGNMENTS_FILE), ("primitives", PRIMITIVES_FILE), ("super_graph", SUPER_GRAPH_FILE)):
-                staging.write_table(HIERARCHY_ASSET, window.key, file, h.tables[name])
+        cfg = config.hierarchy_config()
+        h, prev_key = publish_hierarchy(store, window, cfg)
         n = len(h.levels[0].primitive) if h.levels else 0
         complete = all(len(a.primitive) == n and (a.weight > 0).all() for a in h.levels)
         assigned = min((float((a.weight > 0).all(axis=-1).mean()) if len(a.primitive) == n and n else 0.0 for a in h.levels),
                        default=0.0)  # the worst level's share of entities with all top-k weights > 0
         check = _result(HIERARCHY_ASSET, ASSIGNED_CHECK, complete and n > 0,
-                        f"{n} entities x {len(h.levels)} levels, top-{config.top_k} each", entities=n, levels=len(h.levels),
+                        f"{n} entities x {len(h.levels)} levels, top-{cfg.assign.top_k} each", entities=n, levels=len(h.levels),
                         assigned_share=dg.MetadataValue.float(assigned),
                         **{f"primitives_used_L{i}": int((a.sizes() > 0).sum()) for i, a in enumerate(h.levels)})
         per_level = lambda f: {f"L{i}": f(i) for i in range(len(h.levels))}  # noqa: E731

@@ -1,17 +1,21 @@
 """Index stage: ranking_head (the state HIR's one ranking head scores with, fitted at the window's end) and bom_index
 (Bag-of-Meaning tokens, the inverted index token -> items, the faiss index over the head's items)."""
 
+from typing import ClassVar, Optional
+
 import dagster as dg
 import numpy as np
 
 from hir_assets.evaluation import spec_of
+from hir_assets.overrides import Overrides
 from hir_assets.partitions import window_of
 from hir_assets.resources import PartitionStorage
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
+from hir_model.data.windows import WindowSpec
 from hir_model.embed import EMBEDDINGS_ASSET
 from hir_model.graph.window import GRAPH_ASSET
 from hir_model.hierarchy.build import HIERARCHY_ASSET
-from hir_model.rank.bom_index import build_window_index
+from hir_model.rank.bom_index import BomBuild, build_window_index
 from hir_model.rank.fit import WEIGHTS
 from hir_model.rank.head import HeadConfig
 from hir_model.rank.ranking_head import build_head_state
@@ -26,30 +30,52 @@ RECALL_CHECK = "bom_recall_at_100"
 HEAD_FINITE_CHECK = "head_finite"
 HEAD_COVERAGE_CHECK = "head_items_covered"
 HEAD_WEIGHTS_CHECK = "head_weights_in_grid"
+RECALL_THRESHOLD = 0.9  # the bom_index recall check's default threshold (the asset's own setting, not the library's)
 
 
-class RankingHeadRun(dg.Config):
-    prior_weight: float = 1.0  # the item prior's weight in the training's logit units where it is not fitted; 0: no prior
-    calibrate_days: float = 7.0  # fit the prior's weight on the window's last days (hir_model.rank.fit); 0: off
-    recent_weight: float = 0.7  # a warm user's query: (1 - w) x published row + w x their recent items; 0: the row alone
-    kernel_weight: float = 0.7  # a warm user's score: (1 - k) x query.v + k x the interest kernel over recent items; 0: off
-    cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) x encoder vector.v + s x the structural readout; 0: off
-    cold_prior_days: float = 7.0  # cold users' prior: engagements in their users' first days; 0: the warm users' prior
+class RankingHeadRun(Overrides):
+    """Overrides of HeadConfig (hir_model.rank.head), where the defaults and their meaning are declared."""
 
-    def head_config(self) -> HeadConfig:
-        return HeadConfig(prior_weight=self.prior_weight, calibrate_days=self.calibrate_days or None,
-                          recent_weight=self.recent_weight, kernel_weight=self.kernel_weight,
-                          cold_structure_weight=self.cold_structure_weight, cold_prior_days=self.cold_prior_days or None)
+    zero_means_none: ClassVar[frozenset[str]] = frozenset({"calibrate_days", "cold_prior_days"})
+    prior_weight: Optional[float] = None  # the item prior's weight where it is not fitted; 0: no prior
+    calibrate_days: Optional[float] = None  # the prior's weight fitted on the window's last days; 0: not fitted
+    recent_weight: Optional[float] = None  # a warm user's query: the recent items' share; 0: the published row alone
+    kernel_weight: Optional[float] = None  # a warm user's score: the interest kernel's share; 0: off
+    cold_structure_weight: Optional[float] = None  # a cold user's score: the structural readout's share; 0: off
+    cold_prior_days: Optional[float] = None  # cold users' prior from their users' first days; 0: the warm users' prior
+
+    def head_config(self, base: HeadConfig = HeadConfig()) -> HeadConfig:
+        return self.apply(base)
 
 
-class BomIndexRun(dg.Config):
-    exact_max: int = 50_000  # items up to this many: exact IndexFlatIP; above: HNSW
-    max_posting_share: float = 0.05  # no token's posting list may hold more than this share of the items
-    recall_threshold: float = 0.9  # served recall@100 vs the head's exact top-100 below this blocks publication downstream
-    recall_users: int = 200  # users sampled for the recall measurement
-    probe_factor: float = 0.0  # candidates per query: this x (k + the user's engaged items); 0: tuned per window
-    target_recall: float = 0.95  # the tuned budget's target recall@100 on calibration users (other than the check's)
-    max_candidate_share: float = 0.5  # the tuned budget scores at most this share of the items per query on average
+class BomIndexRun(Overrides):
+    """Overrides of IndexConfig (hir_model.retrieval.index), and the recall check's threshold."""
+
+    zero_means_none: ClassVar[frozenset[str]] = frozenset({"probe_factor"})
+    exact_max: Optional[int] = None  # items up to this many: exact IndexFlatIP; above: HNSW
+    max_posting_share: Optional[float] = None  # no token's posting list may hold more than this share of the items
+    recall_users: Optional[int] = None  # users sampled for the recall measurement
+    probe_factor: Optional[float] = None  # candidates per query: this x (k + the user's engaged items); 0: tuned per window
+    target_recall: Optional[float] = None  # the tuned budget's target recall@100 on calibration users (not the check's)
+    max_candidate_share: Optional[float] = None  # the tuned budget scores at most this share of the items per query
+    recall_threshold: float = RECALL_THRESHOLD  # served recall@100 vs the head's exact top-100 below this blocks downstream
+
+    def index_config(self, base: IndexConfig = IndexConfig()) -> IndexConfig:
+        return self.apply(base)
+
+
+def publish_head(store, spec: WindowSpec, key: str, config: HeadConfig) -> HeadState:
+    """Window `key`'s ranking_head state, fitted and published."""
+    state = build_head_state(store, spec, key, config)
+    with store.writing() as staging:
+        write_head(staging.path(HEAD_ASSET, key), state)
+    return state
+
+
+def publish_index(store, key: str, config: IndexConfig) -> BomBuild:
+    """Window `key`'s bom_index over its ranking head's items, its probe budget tuned, built and published."""
+    with store.writing() as staging:
+        return build_window_index(store, key, staging.path(BOM_ASSET, key), config)
 
 
 def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
@@ -91,10 +117,8 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
     def ranking_head(context: dg.AssetExecutionContext, config: RankingHeadRun, storage: PartitionStorage) -> dg.MaterializeResult:
         """The state HIR's ranking head scores with at the window's end: items' vectors and priors, fitted weights, history."""
         window, store = window_of(context), storage.store()
-        state = build_head_state(store, spec_at_load, window.key, config.head_config())
+        state = publish_head(store, spec_at_load, window.key, config.head_config())
         checks = head_checks(state)
-        with store.writing() as staging:
-            write_head(staging.path(HEAD_ASSET, window.key), state)
         context.log.info(f"ranking head {window.key}: {state.n_items} items, {state.history.n_users} users, prior weight "
                          f"{state.prior_weight:g}")
         summary = state.summary()
@@ -110,9 +134,10 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
 
     specs = [dg.AssetCheckSpec(name, asset=BOM_ASSET, blocking=True, description=text) for name, text in (
         (TOKENS_PER_LEVEL_CHECK, "every embedded entity has at least one token at every level"),
-        (POSTING_SHARE_CHECK, "no token's posting list holds more than the configured share of the items (default 5%)"),
+        (POSTING_SHARE_CHECK, "no token's posting list holds more than the configured share of the items "
+                              f"(default {IndexConfig().max_posting_share:.0%})"),
         (RECALL_CHECK, "served top-100 (BoM candidates reranked by the ranking head) against the head's exact top-100 on "
-                       "sampled users: mean recall at least the threshold (default 0.9)"))]
+                       f"sampled users: mean recall at least the threshold (default {RECALL_THRESHOLD})"))]
 
     @dg.asset(name=BOM_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet", "faiss"},
               backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[EMBEDDINGS_ASSET, HIERARCHY_ASSET, HEAD_ASSET],
@@ -120,36 +145,33 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
     def bom_index(context: dg.AssetExecutionContext, config: BomIndexRun, storage: PartitionStorage) -> dg.MaterializeResult:
         """Bag-of-Meaning tokens per entity, an inverted index token -> items by weight, a faiss index over the head's items."""
         window, store = window_of(context), storage.store()
-        cfg = IndexConfig(exact_max=config.exact_max, max_posting_share=config.max_posting_share, recall_users=config.recall_users,
-                          probe_factor=config.probe_factor or None, target_recall=config.target_recall,
-                          max_candidate_share=config.max_candidate_share)
-        with store.writing() as staging:
-            build = build_window_index(store, window.key, staging.path(BOM_ASSET, window.key), cfg)
+        cfg = config.index_config()
+        build = publish_index(store, window.key, cfg)
         p, r = build.postings, build.recall
-        limit = config.max_posting_share * max(p.items, 1)
+        limit = cfg.max_posting_share * max(p.items, 1)
         checks = [dg.AssetCheckResult(asset_key=BOM_ASSET, check_name=name, passed=bool(ok), description=text, metadata=meta)
                   for name, ok, text, meta in (
             (TOKENS_PER_LEVEL_CHECK, build.levels > 0 and not any(build.missing_per_level.values()),
              f"entities without a token per level: {build.missing_per_level}",
              {"entities_missing_a_level": int(sum(build.missing_per_level.values()))}),
             (POSTING_SHARE_CHECK, p.longest <= max(limit, 1),
-             f"longest posting list {p.longest} items, limit {limit:.1f} ({config.max_posting_share:.0%} of {p.items}); "
+             f"longest posting list {p.longest} items, limit {limit:.1f} ({cfg.max_posting_share:.0%} of {p.items}); "
              f"{p.truncated} of {p.tokens} lists were cut to their {p.cap} heaviest",
              {"longest_posting": int(p.longest), "limit": float(limit)}),
             (RECALL_CHECK, r.recall >= config.recall_threshold,
              f"recall@{r.k} {r.recall:.3f} of the head's exact top-{r.k} (threshold {config.recall_threshold}) over "
              f"{r.queries} users, {r.candidates_per_query:.0f} of {r.items} items scored per query on average "
              f"({r.candidate_fraction:.1%}; probe factor {build.probe_factor:g}"
-             f"{', tuned on other users' if not config.probe_factor else ''})",
+             f"{', tuned on other users' if cfg.probe_factor is None else ''})",
              {"recall": float(r.recall), "candidate_fraction": float(r.candidate_fraction), "users": int(r.queries)}))]
         return dg.MaterializeResult(check_results=checks, metadata={
             "dagster/row_count": build.tokens.num_rows, "entities": build.entities, "items": build.items, "levels": build.levels,
             "tokens": p.tokens, "posting_cap": p.cap, "longest_posting": p.longest, "postings_truncated": p.truncated,
             "recall_at_100": round(r.recall, 4), "recall_queries": r.queries,
             "candidates_per_query": round(r.candidates_per_query, 1), "probe_factor": float(build.probe_factor),
-            "probe_factor_tuned": not config.probe_factor, "candidate_fraction": round(r.candidate_fraction, 4),
+            "probe_factor_tuned": cfg.probe_factor is None, "candidate_fraction": round(r.candidate_fraction, 4),
             "served_qps": round(r.served_qps, 1), "exact_qps": round(r.exact_qps, 1),
-            "faiss": "IndexFlatIP (exact)" if build.items <= config.exact_max else "IndexHNSWFlat",
+            "faiss": "IndexFlatIP (exact)" if build.items <= cfg.exact_max else "IndexHNSWFlat",
             "path": dg.MetadataValue.path(store.uri(BOM_ASSET, window.key))})
 
     return [ranking_head, bom_index]

@@ -8,6 +8,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from typing import Optional
+
 import dagster as dg
 import numpy as np
 
@@ -36,10 +38,13 @@ CHECK_SPECS = [
 
 
 class HirEncoderRun(dg.Config):
+    """How the entry point is launched, and TrainConfig fields over hir.toml's [train] (None: hir.toml's, else
+    TrainConfig's; hir_model.train.entry applies them)."""
+
     nproc_per_node: int = 1  # > 1: launch with torchrun (DDP: gloo on CPU, nccl on GPU)
-    steps: int = 0  # 0: hir.toml's [train] steps (else TrainConfig's default)
-    threads: int = 0  # torch threads per process (0: torch's default)
-    levels: str = ""  # prototypes per level, coarse to fine, e.g. "4,12,36" ("": hir.toml's [train] levels)
+    steps: Optional[int] = None  # optimizer steps of the window
+    threads: Optional[int] = None  # torch threads per process (None: torch's default)
+    levels: Optional[str] = None  # prototypes per level, coarse to fine, e.g. "4,12,36"
 
 
 def _latest_before(store: PartitionStore, key: str) -> str | None:
@@ -116,6 +121,36 @@ def check_results(metrics: dict, probe_error: float) -> list[dg.AssetCheckResult
     ]
 
 
+def window_inputs(store: PartitionStore, key: str) -> tuple[Path, Path, Path | None]:
+    """hir_encoder's inputs of window `key`: the graph folder, the events file, the content file (None: not published)."""
+    content = store.partition_dir(CONTENT_ASSET, key) / f"{CONTENT_FILE}.parquet"
+    return (store.partition_dir(GRAPH_ASSET, key), store.partition_dir(EVENTS_ASSET, key) / f"{EVENTS_FILE}.parquet",
+            content if content.is_file() else None)
+
+
+def entry_args(store: PartitionStore, key: str, out: Path, previous: str | None, overrides: dict,
+               config: HirEncoderRun) -> list[str]:
+    """The training entry point's arguments (hir_model.train.entry) for window `key`: its inputs, warm-started from
+    window `previous`'s checkpoint, hir.toml's [train] `overrides`, then the run config's fields."""
+    graph_dir, events, content = window_inputs(store, key)
+    args = ["--graph", str(graph_dir), "--out", str(out), "--window", key, "--events", str(events)]
+    args += ["--content", str(content)] if content is not None else []
+    args += ["--init", str(store.partition_dir(ENCODER_ASSET, previous) / CHECKPOINT_FILE)] if previous else []
+    args += ["--overrides", json.dumps(overrides)] if overrides else []
+    args += ["--steps", str(config.steps)] if config.steps else []
+    args += ["--threads", str(config.threads)] if config.threads else []
+    args += ["--levels", config.levels] if config.levels else []
+    return args
+
+
+def commit_checkpoint(store: PartitionStore, key: str, out: Path, metrics: dict) -> None:
+    """Publish the trained checkpoint `out` and its metrics as window `key`'s hir_encoder."""
+    with store.writing() as staging:
+        folder = staging.path(ENCODER_ASSET, key)
+        shutil.copyfile(out, folder / CHECKPOINT_FILE)
+        (folder / METRICS_FILE).write_text(json.dumps(metrics) + "\n")
+
+
 def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: dict | None = None) -> list[dg.AssetsDefinition]:
     """`train_overrides`: TrainConfig fields from hir.toml's [train] (and [train.<source>]); the run config's
     steps / levels win over them."""
@@ -129,27 +164,16 @@ def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: 
                     pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
         """Encoder + multi-level prototypes trained on data up to the window end, warm-started from t-1 (via Dagster Pipes)."""
         key, store = context.partition_key, storage.store()
-        graph_dir = store.partition_dir(GRAPH_ASSET, key)
-        events = store.partition_dir(EVENTS_ASSET, key) / f"{EVENTS_FILE}.parquet"
-        content = store.partition_dir(CONTENT_ASSET, key) / f"{CONTENT_FILE}.parquet"
+        graph_dir, events, content = window_inputs(store, key)
         previous = _latest_before(store, key)
         scratch = store.root / ENCODER_ASSET / f".running-{key}"  # survives a killed run: the next one resumes from it
         scratch.mkdir(parents=True, exist_ok=True)
         out = scratch / CHECKPOINT_FILE
-        args = ["--graph", str(graph_dir), "--out", str(out), "--window", key, "--events", str(events)]
-        args += ["--content", str(content)] if content.is_file() else []
-        args += ["--init", str(store.partition_dir(ENCODER_ASSET, previous) / CHECKPOINT_FILE)] if previous else []
-        args += ["--overrides", json.dumps(overrides)] if overrides else []
-        args += ["--steps", str(config.steps)] if config.steps else []
-        args += ["--threads", str(config.threads)] if config.threads else []
-        args += ["--levels", config.levels] if config.levels else []
+        args = entry_args(store, key, out, previous, overrides, config)
         reported = pipes_subprocess_client.run(command=command(args, config.nproc_per_node), context=context).get_materialize_result()
         metrics = json.loads(Path(f"{out}.metrics.json").read_text())
-        probe_error = reproduces_probe(out, graph_dir, events, content if content.is_file() else None, metrics)
-        with store.writing() as staging:
-            folder = staging.path(ENCODER_ASSET, key)
-            shutil.copyfile(out, folder / CHECKPOINT_FILE)
-            (folder / METRICS_FILE).write_text(json.dumps(metrics) + "\n")
+        probe_error = reproduces_probe(out, graph_dir, events, content, metrics)
+        commit_checkpoint(store, key, out, metrics)
         shutil.rmtree(scratch, ignore_errors=True)
         metadata = dict(reported.metadata or {})
         metadata.update({

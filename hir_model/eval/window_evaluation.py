@@ -57,12 +57,44 @@ class WindowEvalConfig:
 
 
 @dataclass(frozen=True)
+class HIRStatus:
+    """What the evaluation of one window says about HIR's rows (published as the summary's `hir` extras)."""
+
+    evaluated: bool  # HIR's artefacts of the window were there and at least one of its rows was asked for
+    reason: str | None = None  # why not (evaluated False)
+    model_version: str | None = None  # the checkpoint the rows read
+    head: dict | None = None  # the ranking head's state (HeadState.summary(), what head.json holds)
+    prior_scale: float | None = None  # the item prior's scale in the scores: weight x temperature (0: no prior)
+    prior_weight: float | None = None
+    prior_calibration: dict | None = None  # the prior weight's fit (None: configured, not fitted)
+    probe_factor: float | None = None  # the served row's candidate budget, bom_index's
+    served: str | None = None  # why the served row is missing (no bom_index)
+    cold_users_encoded: int | None = None  # cold users the frozen encoder read
+    single_token_items: int | None = None  # items first seen in t+1, read as a single token
+    rows: list[str] | None = None  # HIR's rows in the table
+
+    def as_dict(self) -> dict:
+        """JSON-ready: the fields known (the prior's fit also when None, once evaluated)."""
+        return {k: v for k, v in asdict(self).items()
+                if v is not None or (k == "prior_calibration" and self.evaluated)}
+
+
+@dataclass(frozen=True)
 class WindowOutcome:
     evaluation: WindowEvaluation
     methods: list[Method]  # fitted (their state is what the next window warm-starts from)
-    extras: dict = field(default_factory=dict)  # HIR status, agreement, BoM recall, warm start (JSON-ready)
-    agreement: list[LevelAgreement] = field(default_factory=list)
+    hir: HIRStatus
+    warm_started_from: dict[str, str] = field(default_factory=dict)  # method -> the window whose state it started from
+    agreement: list[LevelAgreement] | None = None  # with planted truth and a hierarchy: per (level, planted level)
     opened: list[tuple[str, str]] = field(default_factory=list)  # (asset, partition) read, in order
+
+    @property
+    def extras(self) -> dict:
+        """What is published beside the metrics (hir_model.eval.publish): HIR's status, warm starts, agreement."""
+        extras = {"hir": self.hir.as_dict(), "warm_started_from": dict(self.warm_started_from)}
+        if self.agreement is not None:
+            extras["agreement"] = [asdict(a) for a in self.agreement]
+        return extras
 
 
 def skip_reason(store, spec: WindowSpec, key: str) -> str | None:
@@ -83,7 +115,7 @@ def make_methods(names: tuple[str, ...], config: BaselinesConfig, hir: list[Head
     return [pool[n] for n in names if n in pool]
 
 
-def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int) -> tuple[list[HeadMethod], dict, list]:
+def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int) -> tuple[list[HeadMethod], HIRStatus, list]:
     """HIR's rows of `names` from window `key`'s published ranking head (and bom_index for the served row): the methods,
     their status for the report and the partitions read. No row without the head; no served row without the index."""
     from hir_model.rank.inductive import InductiveEncoder
@@ -93,10 +125,10 @@ def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int
 
     wanted = [n for n in HIR_ROWS if n in names]
     if not wanted:
-        return [], {"evaluated": False, "reason": "not requested"}, []
+        return [], HIRStatus(False, "not requested"), []
     missing = missing_artefacts(store, key) or (None if store.exists(HEAD_ASSET, key) else f"{HEAD_ASSET} for {key} is not materialised")
     if missing:
-        return [], {"evaluated": False, "reason": missing}, []
+        return [], HIRStatus(False, missing), []
     artefacts = load_artefacts(store, key, end_us)
     inductive = InductiveEncoder(artefacts)
     state = read_head(store.partition_dir(HEAD_ASSET, key))
@@ -104,19 +136,20 @@ def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int
     opened = [(HEAD_ASSET, key), (ENCODER_ASSET, key), (EMBEDDINGS_ASSET, key)]
     opened += [(GRAPH_ASSET, key)] if artefacts.graph is not None else []
     opened += [(CONTENT_ASSET, key)] if artefacts.content is not None else []
-    retriever = None
-    status = {"evaluated": True, "model_version": artefacts.model.version, "head": state.summary(),
-              "prior_scale": state.prior_weight * state.temp if state.log_prior is not None else 0.0,
-              "prior_weight": state.prior_weight,
-              "prior_calibration": None if state.calibration is None else state.calibration.as_dict()}
+    retriever, probe_factor, served = None, None, None
     if "hir" in wanted and store.exists(BOM_ASSET, key):
         retriever = load_retriever(store, key, artefacts.embeddings)
-        status["probe_factor"] = load_probe_factor(store, key)
+        probe_factor = load_probe_factor(store, key)
         opened.append((BOM_ASSET, key))
     elif "hir" in wanted:
         wanted.remove("hir")
-        status["served"] = f"not evaluated: {BOM_ASSET} for {key} is not materialised"
-    rec = Recommender(state, rows, has, retriever, inductive, probe_factor=status.get("probe_factor"))
+        served = f"not evaluated: {BOM_ASSET} for {key} is not materialised"
+    status = HIRStatus(True, model_version=artefacts.model.version, head=state.summary(),
+                       prior_scale=state.prior_weight * state.temp if state.log_prior is not None else 0.0,
+                       prior_weight=state.prior_weight,
+                       prior_calibration=None if state.calibration is None else state.calibration.as_dict(),
+                       probe_factor=probe_factor, served=served)
+    rec = Recommender(state, rows, has, retriever, inductive, probe_factor=probe_factor)
     return [HeadMethod(rec, inductive, n, depth) for n in wanted], status, opened
 
 
@@ -132,12 +165,11 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
     window = spec.window(key)
     end_us = to_us(window.end)
     opened: list[tuple[str, str]] = []
-    extras: dict = {}
     depth = max(config.eval.recall_ks + config.eval.ndcg_ks)
-    hir, extras["hir"], hir_opened = hir_methods(store, key, end_us, config.methods, depth)
+    hir, status, hir_opened = hir_methods(store, key, end_us, config.methods, depth)
     opened += hir_opened
-    if not hir and "reason" in extras["hir"] and extras["hir"]["reason"] != "not requested":
-        log.warning("window %s: HIR not evaluated: %s", key, extras["hir"]["reason"])
+    if not hir and status.reason is not None and status.reason != "not requested":
+        log.warning("window %s: HIR not evaluated: %s", key, status.reason)
     methods = make_methods(config.methods, config.baselines, hir)
 
     restored, source = [], None
@@ -148,7 +180,7 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
     elif config.warm_start and (source := previous_state_key(store, key)):
         restored = load_states(store.partition_dir(EVALUATION_ASSET, source) / STATE_FILE, methods)
         opened += [(EVALUATION_ASSET, source)] if restored else []
-    extras["warm_started_from"] = {m: source for m in restored}
+    warm_started_from = {m: source for m in restored}
 
     assignments = None
     if store.exists(HIERARCHY_ASSET, key, ASSIGNMENTS_FILE):
@@ -169,13 +201,12 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
         return result
     if hir:
         inductive = hir[0].inductive
-        extras["hir"].update(cold_users_encoded=inductive.cold_encoded, single_token_items=inductive.single_token_items,
-                             rows=[m.name for m in hir])
-    agreement = []
+        status = replace(status, cold_users_encoded=inductive.cold_encoded, single_token_items=inductive.single_token_items,
+                         rows=[m.name for m in hir])
+    agreement = None
     if truth is not None and assignments is not None:
         agreement = planted_agreement(assignments, truth, config.truth_entity_types)
-        extras["agreement"] = [asdict(a) for a in agreement]
-    return WindowOutcome(result, methods, extras, agreement, opened)
+    return WindowOutcome(result, methods, status, warm_started_from, agreement, opened)
 
 
 def future_reads(opened: list[tuple[str, str]], key: str, next_key: str) -> list[tuple[str, str]]:
