@@ -106,6 +106,15 @@ def read_codebooks(table: pa.Table) -> list[Codebook]:
 
 
 @dataclass(frozen=True)
+class Probing:
+    """How a query widens its stored tokens (module docstring); probe.json holds the tuned values."""
+
+    factor: float = DEFAULT_PROBE_FACTOR  # a top-k query gathers ceil(factor x k) candidates by probing (0: none)
+    weight_prior: float = 0.0  # a posting's priority: cos(query, its centroid) + this x log(its weight)
+    margin: float | None = None  # only items within this of the query's best priority (None: the whole budget)
+
+
+@dataclass(frozen=True)
 class Hit:
     entity_id: str
     entity_type: str
@@ -117,11 +126,10 @@ class Retriever:
     reranked by embedding dot product."""
 
     def __init__(self, index: faiss.Index, item_ids: np.ndarray, item_types: np.ndarray, tokens: pa.Table, postings: pa.Table,
-                 emb: EntityEmbeddings, codebooks: list[Codebook] | None = None, probe_factor: float = DEFAULT_PROBE_FACTOR,
-                 weight_prior: float = 0.0, probe_margin: float | None = None):
-        self.index, self.item_ids, self.item_types = index, item_ids, item_types
-        self.codebooks, self.probe_factor, self.weight_prior = codebooks or [], probe_factor, weight_prior
-        self.probe_margin = probe_margin  # None: every query takes its whole budget
+                 emb: EntityEmbeddings, codebooks: list[Codebook] | None = None, probing: Probing = Probing()):
+        self.index, self.item_ids, self.item_types, self.codebooks = index, item_ids, item_types, codebooks or []
+        self.probe_factor, self.weight_prior = probing.factor, probing.weight_prior
+        self.probe_margin = probing.margin  # None: every query takes its whole budget
         self.item_vectors = index.reconstruct_n(0, index.ntotal) if index.ntotal else np.zeros((0, index.d), np.float32)
         self.item_row = {e: i for i, e in enumerate(item_ids)}
         self.postings = read_postings(postings, self.item_row)
@@ -150,7 +158,8 @@ class Retriever:
         return cls(faiss.read_index(str(folder / FAISS_FILE)), np.asarray(items["entity_id"].to_pylist(), object),
                    np.asarray(items["entity_type"].to_pylist(), object), pq.read_table(folder / f"{TOKENS_FILE}.parquet"),
                    pq.read_table(folder / f"{POSTINGS_FILE}.parquet"), emb,
-                   read_codebooks(pq.read_table(codebook)) if codebook.is_file() else None, probe_factor, weight_prior, margin)
+                   read_codebooks(pq.read_table(codebook)) if codebook.is_file() else None,
+                   Probing(probe_factor, weight_prior, margin))
 
     def with_probe_factor(self, probe_factor: float) -> Retriever:
         """The same index with a fixed budget of probe_factor x k for every query (0: the stored tokens alone)."""
