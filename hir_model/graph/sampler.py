@@ -246,15 +246,18 @@ def _by_row_then_key(row: np.ndarray, key: np.ndarray, rows: int) -> np.ndarray:
     argsort of the keys, then a stable radix argsort of their rows (int16); lexsort itself when two keys tie or rows are
     many."""
     by_key = np.argsort(-key)
-    ordered = np.take(key, by_key)
+    ordered = key.take(by_key)
     if rows >= 2**15 or (ordered[1:] == ordered[:-1]).any():
         return np.lexsort((-key, row))
-    return np.take(by_key, np.argsort(np.take(row, by_key).astype(np.int16), kind="stable"))
+    return by_key.take(np.argsort(row.take(by_key).astype(np.int16), kind="stable"))
 
 
 def _rank(group: np.ndarray) -> np.ndarray:
     """Position of each element within its run of equal values (group sorted)."""
-    return np.arange(len(group)) - np.searchsorted(group, group, side="left")
+    at = np.arange(len(group))
+    start = np.zeros(len(group), np.int64)
+    start[1:] = np.where(group[1:] != group[:-1], at[1:], 0)
+    return at - np.maximum.accumulate(start)
 
 
 @dataclass(frozen=True)
@@ -282,30 +285,31 @@ class _Call:
     def _draws(self, x: np.ndarray, start: np.ndarray, deg: np.ndarray, path: list[np.ndarray], out: np.ndarray,
                rows: np.ndarray, found: np.ndarray) -> np.ndarray:
         """`draw` with its uniforms x (m, R). A row that is full ignores its later draws, so when rows are many, the
-        first k - max(found) draws go to every row and the rest only to the rows that are still short."""
+        first k - min(found) draws go to every row and the rest only to the rows that are still short."""
         (m, r), k, t = x.shape, out.shape[1], self.table
-        first = k - int(found.max()) if r else m  # draws that no row can do without
-        if first < m and m * r >= SPLIT:
-            got = self._draws(x[:first], start, deg, path, out, rows, found)
+        have = int(found.max()) if r else 0
+        first = k - have  # draws that no row can do without (and after which none is full)
+        cut = k - (int(found.min()) if r else 0)
+        if cut < m and m * r >= SPLIT:
+            got = self._draws(x[:cut], start, deg, path, out, rows, found)
             more = np.flatnonzero(got < k)
             if len(more):
-                got[more] = self._draws(np.take(x[first:], more, axis=1), np.take(start, more), np.take(deg, more),
-                                        [np.take(c, more) for c in path], out, np.take(rows, more), np.take(got, more))
+                got[more] = self._draws(x[cut:].take(more, axis=1), start.take(more), deg.take(more),
+                                        [c.take(more) for c in path], out, rows.take(more), got.take(more))
             return got
         x *= deg
         slot = x.astype(np.int64)  # floor(u * deg) < deg for float64 u < 1
         x -= slot  # the alias coin, uniform in [0, 1)
         slot += start
-        row = np.take(t.slots, slot, axis=0)  # (m, R, 4); np.take: several times faster than [] on rows
+        row = t.slots.take(slot, axis=0)  # (m, R, 4); take: several times faster than [] on rows
         packed = np.where(x < row[..., 0].view(np.float64), row[..., 1], row[..., 2])  # (m, R) i.i.d. weighted draws
         nbr = _neighbour(packed, path[0].dtype)
         cols = path if t.self_loops else path[:-1]  # path[-1] is the row's own node
         ok = nbr != cols[0] if cols else np.ones((m, r), bool)
         for col in cols[1:]:
             ok &= nbr != col
-        have = int(found.max()) if r else 0
         if have:
-            seen = _neighbour(np.take(out, rows, axis=0), nbr.dtype)  # (R, k), -1 past found
+            seen = _neighbour(out.take(rows, axis=0), nbr.dtype)  # (R, k), -1 past found
             for j in range(have):
                 ok &= nbr != seen[:, j]
         if self.view.edge_drop > 0:
@@ -321,9 +325,9 @@ class _Call:
             v.sort(axis=1)
             fresh = np.ones((r, m), bool)  # the first of each value is new
             np.not_equal(v[:, 1:] // m, v[:, :-1] // m, out=fresh[:, 1:])
-            first = np.zeros(r * m, bool)
-            first[(np.arange(0, r * m, m)[:, None] + v % m)[fresh]] = True
-            keep_t = first.reshape(r, m)
+            new = np.zeros(r * m, bool)
+            new[(np.arange(0, r * m, m)[:, None] + v % m)[fresh]] = True
+            keep_t = new.reshape(r, m)
             keep_t &= ok.T
             pos = (np.cumsum(keep_t, axis=1) + base[:, None]).T  # (m, R) view of a row-major cumsum
             keep = keep_t.T
@@ -336,49 +340,51 @@ class _Call:
                 for j in range(1, m):
                     keep[j] &= ~(vals[:j] == nbr[j]).any(0)
             pos = _running(keep, base)
-        keep &= pos < (rows + 1) * k
+        if m > first:
+            keep &= pos < (rows + 1) * k
         at = np.flatnonzero(keep)  # kept draws, draw-major
-        out.reshape(-1)[np.take(pos, at)] = np.take(packed, at)
+        out.reshape(-1)[pos.take(at)] = packed.take(at)
         return np.minimum(pos[-1] - (rows * k - 1), k)
 
     def scan(self, start: np.ndarray, deg: np.ndarray, exclude: np.ndarray, found: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
         """Exact continuation: Gumbel-top-(k - found) over all visible edges of each row's node, the neighbours in its row of
-        `exclude` (R, X: its path and what it has; -1 none) left out. Returns (row, slot, packed edge << 32 | neighbour) of
+        `exclude` (R, X: its path and what it has; -1 none; X a multiple of 8) left out. Returns (row, slot, packed edge << 32 | neighbour) of
         the new picks."""
         t = self.table
         edge = _ranges(start, deg)  # (C,) CSR order: a row's edges to one neighbour are adjacent
         row = np.repeat(np.arange(len(start)), deg)
-        nbr = np.take(t.neighbours, edge)
-        ok = ~(np.take(exclude, row, axis=0) == nbr[:, None]).any(1)
+        nbr = t.neighbours.take(edge)
+        hit = (exclude.take(row, axis=0) == nbr[:, None]).view(np.uint64)  # (C, X / 8): 8 compares per word
+        ok = hit[:, 0] == 0 if hit.shape[1] == 1 else ~hit.any(1)
         if self.view.edge_drop > 0:
             ok &= self.kept(edge)
         keep = np.flatnonzero(ok)
-        edge, row, nbr = np.take(edge, keep), np.take(row, keep), np.take(nbr, keep)
+        edge, row, nbr = edge.take(keep), row.take(keep), nbr.take(keep)
         if not len(edge):
             return row, row, edge
-        key = np.take(t.log_weight, edge).astype(np.float64) + self.rng.gumbel(size=len(edge))
+        key = t.log_weight.take(edge).astype(np.float64) + self.rng.gumbel(size=len(edge))
         first = np.ones(len(edge), bool)
         first[1:] = (row[1:] != row[:-1]) | (nbr[1:] != nbr[:-1])  # (row, neighbour) groups
         gid = np.cumsum(first) - 1
         top = np.maximum.reduceat(key, np.flatnonzero(first))  # a group's max Gumbel key ~ log(summed weight) + Gumbel
-        rep = np.flatnonzero(key == np.take(top, gid))
-        g = np.take(gid, rep)
+        rep = np.flatnonzero(key == top.take(gid))
+        g = gid.take(rep)
         rep = rep[np.concatenate([[True], g[1:] != g[:-1]])]  # one edge per group, drawn by weight
-        rep = np.take(rep, _by_row_then_key(np.take(row, rep), np.take(key, rep), len(start)))
-        row = np.take(row, rep)
-        slot = np.take(found, row) + _rank(row)
+        rep = rep.take(_by_row_then_key(row.take(rep), key.take(rep), len(start)))
+        row = row.take(rep)
+        slot = found.take(row) + _rank(row)
         sel = np.flatnonzero(slot < k)
-        rep = np.take(rep, sel)
-        return np.take(row, sel), np.take(slot, sel), np.take(edge, rep) << 32 | np.take(nbr, rep)
+        rep = rep.take(sel)
+        return row.take(sel), slot.take(sel), edge.take(rep) << 32 | nbr.take(rep)
 
 
 def _pick(call: _Call, path: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
     """(count [F], packed [count.sum()]): up to k distinct neighbours of each frontier token (path[-1]) as visible edge <<
     32 | neighbour, grouped by token, within it in draw order."""
     t, view, node = call.table, call.view, path[-1]
-    start = np.take(t.indptr, node)
-    deg = np.take(t.indptr, node + 1) - start
-    distinct = np.take(t.distinct, node)
+    start = t.indptr.take(node)
+    deg = t.indptr.take(node + 1) - start
+    distinct = t.distinct.take(node)
     cap = np.minimum(distinct, k)  # what a token can give at most
     out = np.full((len(node), k), -1, np.int64)  # (F, k) packed picks, each row filled from the left
     found = np.zeros(len(node), np.int64)
@@ -395,12 +401,15 @@ def _pick(call: _Call, path: list[np.ndarray], k: int) -> tuple[np.ndarray, np.n
         found[hub] = got
     rest = np.flatnonzero((found < cap) & (deg > 0))  # short of what the node may still give
     if len(rest):
-        exclude = np.concatenate([np.stack([c[rest] for c in path], axis=1), _neighbour(out[rest], node.dtype)], axis=1)
+        exclude = np.full((len(rest), -(-(len(path) + k) // 8) * 8), -1, node.dtype)  # (S, X): X a multiple of 8, -1 none
+        for j, c in enumerate(path):
+            exclude[:, j] = c[rest]
+        exclude[:, len(path):len(path) + k] = _neighbour(out[rest], node.dtype)
         row, slot, packed = call.scan(start[rest], deg[rest], exclude, found[rest], k)
         out[rest[row], slot] = packed
         found[rest] += np.bincount(row, minlength=len(rest))
     at = np.flatnonzero(out.reshape(-1) >= 0)  # row-major: by row, within it in draw order
-    return found, np.take(out, at)
+    return found, out.take(at)
 
 
 def sample(graph: Graph, seeds: np.ndarray, cutoff_us: int, view: ViewConfig, rng: np.random.Generator) -> SampledBatch:
@@ -414,11 +423,12 @@ def sample(graph: Graph, seeds: np.ndarray, cutoff_us: int, view: ViewConfig, rn
     # the seeds, the children of each token of the level above and the index of each token's parent there
     tokens, count, owner = [np.int64(len(table.type_age) - 1) << 32 | seeds], [], []
     path = [seeds.astype(table.neighbours.dtype)]  # per depth 0..d, [F]: the nodes from the root to each frontier token
-    for k in view.fanout:
+    for d, k in enumerate(view.fanout, 1):
         c, packed = _pick(call, path, k)
         o = np.repeat(np.arange(len(c)), c)
         tokens.append(packed), count.append(c), owner.append(o)
-        path = [np.take(col, o) for col in path] + [_neighbour(packed, path[0].dtype)]
+        if d < len(view.fanout):
+            path = [col.take(o) for col in path] + [_neighbour(packed, path[0].dtype)]
     return _assemble(graph, table, seeds, int(cutoff_us), tokens, count, owner)
 
 
@@ -434,7 +444,7 @@ def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: i
         below = np.zeros(len(c) + 1, np.int64)
         np.cumsum(c, out=below[1:])
         end = np.cumsum(per_seq[d - 1])
-        per_seq[d] = np.take(below, end) - np.take(below, end - per_seq[d - 1])
+        per_seq[d] = below.take(end) - below.take(end - per_seq[d - 1])
     offsets = np.zeros(b + 1, np.int64)
     np.cumsum(per_seq.sum(0), out=offsets[1:])
     t = int(offsets[-1])
@@ -447,17 +457,17 @@ def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: i
     for d in range(levels):
         at = np.arange(len(tokens[d])) + np.repeat(shift[d], per_seq[d])  # place in the batch
         if d:  # the parent's ancestors (-1 from depth d on), then its own local index
-            block = np.take(block, owner[d - 1], axis=0)
+            block = block.take(owner[d - 1], axis=0)
         block[:, d] = at - np.repeat(offsets[:-1], per_seq[d])
         np.put(packed, at, tokens[d])
         np.put(rows, at, block.view(rows.dtype).reshape(-1))
     nodes = packed & NEIGHBOUR_MASK
-    type_age = np.take(table.type_age, packed >> 32)
+    type_age = table.type_age.take(packed >> 32)
     return SampledBatch(
         offsets=offsets, seeds=seeds, node=nodes, hash_codes=np.take(np.asarray(graph.nodes.hash_codes), nodes, axis=0),
-        node_type=np.take(table.node_type, nodes), depth=np.repeat(np.tile(np.arange(levels), b), per_seq.T.reshape(-1)),
+        node_type=table.node_type.take(nodes), depth=np.repeat(np.tile(np.arange(levels), b), per_seq.T.reshape(-1)),
         ancestors=ancestors, edge_type=type_age >> 32, edge_age=type_age.astype(np.uint32).view(np.float32),
-        cutoff_us=cutoff_us, strength=np.take(table.strength, nodes))
+        cutoff_us=cutoff_us, strength=table.strength.take(nodes))
 
 
 def sample_views(graph: Graph, seeds: np.ndarray, cutoff_us: int, rng: np.random.Generator,
