@@ -1,18 +1,21 @@
 """The vectorised sampler against the exact distribution and against the sampler it replaced (reference_sampler):
-weight-proportional successive sampling, the same tokens per depth and the same node frequencies, exact alias tables."""
+weight-proportional successive sampling, the same tokens per depth and the same node frequencies, exact alias tables;
+and against its own earlier output (batches pinned by hash), so that making it faster never changes a batch."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
 
 from hir_model.graph import sampler as new
-from hir_model.graph.sampler import BROAD, NARROW, TABLES_PER_GRAPH, ViewConfig, _alias, visible_edges
+from hir_model.graph.sampler import (BROAD, NARROW, TABLES_PER_GRAPH, ViewConfig, _alias, _by_row_then_key, _Call, _rank,
+                                    _uniform_hash, visible_edges)
 from tests.hir_model.graph import reference_sampler as old
-from tests.hir_model.graph.graphs import AS_OF, DAY_US, check_batch, make_graph, random_graph
+from tests.hir_model.graph.graphs import AS_OF, DAY_US, FORWARD, check_batch, make_graph, random_graph
 
 # every path of the new sampler: scans only, draws then more draws then a scan (scan_degree 0, one draw per slot)
 PATHS = {"scan": dict(scan_degree=10**9), "draws": dict(scan_degree=0, draws_per_slot=1), "default": {}}
@@ -138,3 +141,65 @@ def test_sampling_is_deterministic_given_the_rng_and_tables_are_kept_per_cutoff(
     for d in range(TABLES_PER_GRAPH + 2):
         visible_edges(graph, AS_OF - d * DAY_US, 7.0)
     assert len(new._TABLES[graph]) == TABLES_PER_GRAPH
+
+
+def batch_digest(batch) -> str:
+    """sha256 of every field of a batch: name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, np.ndarray):
+            h.update(f"{f.name}:{value.dtype.str}:{value.shape}".encode())
+            h.update(np.ascontiguousarray(value).tobytes())
+        elif value is not None:
+            h.update(f"{f.name}={value}".encode())
+    return h.hexdigest()
+
+
+def test_batches_are_bit_for_bit_those_of_the_sampler_the_demo_ran_with():
+    """Speed-ups must not move the demo's figures: the same seeds and RNG give the same batches (and so the same RNG
+    use) as the sampler at 9d8e473. A hub graph reaches every path: draws, the all-pairs, looped and sorted
+    duplicate checks, rows that stop drawing once full, second rounds, scans, edge drop and max age."""
+    rng = np.random.default_rng(2025)
+    n, m = 700, 30_000
+    src = (rng.pareto(1.2, m) * 20).astype(np.int64) % n
+    dst = (src + 1 + (rng.pareto(1.0, m) * 30).astype(np.int64)) % n
+    hubs = make_graph(n, src, dst, rng.choice(FORWARD, m), rng.lognormal(0, 1.5, m), AS_OF - rng.integers(0, 90 * DAY_US, m),
+                      node_type=rng.integers(0, 6, n))
+    views = [NARROW, BROAD, ViewConfig("wide", (40, 3), 30.0, 0.1), ViewConfig("draws", (6, 3, 2), None, 0.3, scan_degree=0,
+                                                                                 draws_per_slot=1)]
+    digests = []
+    for i, view in enumerate(views):
+        for j, cutoff in enumerate((AS_OF, AS_OF - 20 * DAY_US)):
+            seeds = np.random.default_rng(10 * i + j).integers(0, n, 300)
+            digests.append(batch_digest(new.sample(hubs, seeds, cutoff, view, np.random.default_rng(100 + 10 * i + j)))[:16])
+    rng = np.random.default_rng(7)
+    for i in range(6):
+        graph = random_graph(rng)
+        for view in views:
+            digests.append(batch_digest(new.sample(graph, np.arange(graph.num_nodes), AS_OF - i * 5 * DAY_US, view,
+                                                   np.random.default_rng(i)))[:16])
+    assert digests[:4] == ["5f7619247fc53848", "fddfa3642696ed4c", "a1afc45945efbc88", "a9e958dedd205223"]
+    assert hashlib.sha256("".join(digests).encode()).hexdigest()[:16] == "a41e0aa1e57168bc"
+
+
+def test_the_scan_order_is_lexsorts_with_ties_kept_in_input_order():
+    rng = np.random.default_rng(12)
+    for trial in range(50):
+        rows = int(rng.integers(1, 40))
+        row = np.sort(rng.integers(0, rows, int(rng.integers(0, 300))))
+        key = rng.gumbel(size=len(row))
+        if trial % 3 == 0:
+            key = np.round(key)  # ties
+        assert np.array_equal(_by_row_then_key(row, key, rows), np.lexsort((-key, row)))
+    group = np.sort(rng.integers(0, 30, 500))
+    assert np.array_equal(_rank(group), np.arange(len(group)) - np.searchsorted(group, group))
+
+
+@pytest.mark.parametrize("drop", [0.2, 0.5, 1 / 3, 1e-9, 1 - 2**-52])
+def test_edge_drop_as_an_integer_compare_is_the_float_compare(drop):
+    call = _Call(None, ViewConfig("v", (1,), edge_drop=drop), None, np.uint64(12345))
+    edge = np.arange(200_000)
+    z = _uniform_hash(edge, call.nonce)
+    u = (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    assert np.array_equal(call.kept(edge), u >= drop)
