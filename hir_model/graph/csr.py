@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hir_model.graph.structure import engagement_adjacency, structural_encoding
 from hir_model.graph.types import EDGE_TYPES, NODE_TYPES
 
 TYPE_BITS = 5  # 17 edge types fit in 5 bits
@@ -110,7 +111,7 @@ class Graph:
         cutoff (the sampler asks on every batch)."""
         key = min(int(cutoff_us), self.as_of_us)  # every edge is before as_of: later cutoffs are the same
         if key not in self._strength_by_cutoff:
-            keep = IS_ENGAGEMENT[self.edge_type.astype(np.int64)] & (np.asarray(self.last_ts) <= key)
+            keep = self._engagement_until(key)
             self._strength_by_cutoff[key] = np.bincount(self.src()[keep], weights=np.asarray(self.weight, np.float64)[keep],
                                                         minlength=self.num_nodes).astype(np.float32)
         return self._strength_by_cutoff[key]
@@ -124,16 +125,25 @@ class Graph:
     def _structure_by_key(self) -> dict[tuple[int, int], np.ndarray]:
         return {}
 
-    def structure_at(self, node: np.ndarray, cutoff_us: int, dim: int) -> np.ndarray:
-        """float32 [T, dim]: the structural encoding (hir_model.graph.structure) of `node` (-1: none, zeros) over the
-        engagement edges up to `cutoff_us`; computed once per (cutoff, dim) and kept (a few sparse products)."""
-        from hir_model.graph.structure import structural_encoding  # structure builds on this module
-
+    def structure_until(self, cutoff_us: int, dim: int) -> np.ndarray:
+        """float32 [N, dim]: every node's structural encoding (hir_model.graph.structure) over the engagement edges whose
+        last event is at or before `cutoff_us`; computed once per (cutoff, dim) and kept (a few sparse products)."""
         key = (min(int(cutoff_us), self.as_of_us), int(dim))
         if key not in self._structure_by_key:
-            self._structure_by_key[key] = structural_encoding(self, dim, key[0])
+            keep = self._engagement_until(key[0])
+            adjacency = engagement_adjacency(self.src()[keep], np.asarray(self.neighbours)[keep], np.asarray(self.weight)[keep],
+                                             self.num_nodes)
+            self._structure_by_key[key] = structural_encoding(adjacency, self.nodes.hash_codes, dim)
+        return self._structure_by_key[key]
+
+    def structure_at(self, node: np.ndarray, cutoff_us: int, dim: int) -> np.ndarray:
+        """float32 [T, dim]: the structural encoding of `node` (-1: none, zeros) as of `cutoff_us` (structure_until)."""
         node = np.asarray(node, np.int64)
-        return np.where((node >= 0)[:, None], self._structure_by_key[key][np.maximum(node, 0)], 0.0).astype(np.float32)
+        return np.where((node >= 0)[:, None], self.structure_until(cutoff_us, dim)[np.maximum(node, 0)], 0.0).astype(np.float32)
+
+    def _engagement_until(self, cutoff_us: int) -> np.ndarray:
+        """bool [E]: engagement edges whose last event is at or before `cutoff_us`."""
+        return IS_ENGAGEMENT[np.asarray(self.edge_type, np.int64)] & (np.asarray(self.last_ts) <= cutoff_us)
 
     def degrees(self) -> np.ndarray:
         return np.diff(self.indptr)  # int64 [N], out-degree (= in-degree: every edge has its reverse)

@@ -14,15 +14,17 @@ knew each node by its content, type and popularity only.
 
 Stable across windows: G's row of a node is a function of its id (its deep-hash codes, splitmix64'd), not of
 its position, so window t+1's encodings live in the same random basis as window t's and a warm-started encoder's
-projection of them stays meaningful. Causal: only engagement edges whose last event is at or before the cutoff.
+projection of them stays meaningful. Causal: the graph (hir_model.graph.csr.Graph.structure_until) passes only the
+engagement edges whose last event is at or before the cutoff.
+
+This module works on arrays and knows nothing of the graph type, so that the graph can offer its encodings (csr imports
+this module, never the reverse).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
-
-from hir_model.graph.csr import IS_ENGAGEMENT, Graph
 
 ALPHAS = (1.0, 1.0, 1.0, 1.0)  # weights of hops 1..4 (FastRP's alpha_k; each hop's rows normalised first)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -50,11 +52,11 @@ def random_signs(hash_codes: np.ndarray, dim: int) -> np.ndarray:
     return sign / np.float32(np.sqrt(dim))
 
 
-def engagement_adjacency(graph: Graph, cutoff_us: int) -> sp.csr_matrix:
-    """[N, N] symmetric D^-1/2 W D^-1/2 over engagement edges with last_ts <= cutoff (W: summed decayed weights)."""
-    keep = IS_ENGAGEMENT[np.asarray(graph.edge_type, np.int64)] & (np.asarray(graph.last_ts) <= cutoff_us)
-    n = graph.num_nodes
-    w = sp.csr_matrix((np.asarray(graph.weight, np.float64)[keep], (graph.src()[keep], np.asarray(graph.neighbours, np.int64)[keep])),
+def engagement_adjacency(src: np.ndarray, dst: np.ndarray, weight: np.ndarray, num_nodes: int) -> sp.csr_matrix:
+    """[N, N] symmetric D^-1/2 W D^-1/2 of the given engagement edges (both directions of each; W: their summed
+    decayed weights)."""
+    n = num_nodes
+    w = sp.csr_matrix((np.asarray(weight, np.float64), (np.asarray(src, np.int64), np.asarray(dst, np.int64))),
                       shape=(n, n))  # duplicate (src, dst) pairs of different edge types are summed
     degree = np.asarray(w.sum(axis=1)).ravel()
     inv = np.divide(1.0, np.sqrt(degree), out=np.zeros_like(degree), where=degree > 0)
@@ -66,16 +68,15 @@ def _rownorm(x: np.ndarray) -> np.ndarray:
     return np.divide(x, norm, out=np.zeros_like(x), where=norm > 0)
 
 
-def structural_encoding(graph: Graph, dim: int, cutoff_us: int | None = None, alphas: tuple[float, ...] = ALPHAS) -> np.ndarray:
-    """float32 [N, dim]: each node's FastRP encoding (module docstring), unit-norm; zeros for a node without an
-    engagement edge by the cutoff (knowledge-graph nodes, never-engaged entities: they have no place in it)."""
+def structural_encoding(adjacency: sp.csr_matrix, hash_codes: np.ndarray, dim: int, alphas: tuple[float, ...] = ALPHAS) -> np.ndarray:
+    """float32 [N, dim]: each node's FastRP encoding (module docstring) over `adjacency` (engagement_adjacency), unit-norm;
+    zeros for a node without an engagement edge (knowledge-graph nodes, never-engaged entities: they have no place in it).
+    `hash_codes` [N, K]: the nodes' deep-hash codes, which seed their random rows."""
     if dim < 1 or not alphas:
         raise ValueError(f"a structural encoding needs dim >= 1 and at least one hop, got dim={dim}, alphas={alphas}")
-    cutoff = graph.as_of_us if cutoff_us is None else min(int(cutoff_us), graph.as_of_us)
-    a = engagement_adjacency(graph, cutoff)
-    hop = random_signs(np.asarray(graph.nodes.hash_codes), dim).astype(np.float64)
-    out = np.zeros((graph.num_nodes, dim))
+    hop = random_signs(np.asarray(hash_codes), dim).astype(np.float64)
+    out = np.zeros((adjacency.shape[0], dim))
     for alpha in alphas:
-        hop = _rownorm(a @ hop)
+        hop = _rownorm(adjacency @ hop)
         out += alpha * hop
     return _rownorm(out).astype(np.float32)

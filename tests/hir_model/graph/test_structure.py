@@ -11,7 +11,7 @@ import pytest
 
 from hir_model.graph.csr import NodeTable
 from hir_model.graph.hashing import hash_codes
-from hir_model.graph.structure import random_signs, structural_encoding
+from hir_model.graph.structure import random_signs
 from hir_model.graph.types import NODE_TYPES
 from tests.hir_model.graph.graphs import AS_OF, DAY_US, make_graph
 
@@ -42,7 +42,7 @@ def cos(a, b) -> float:
 
 
 def test_shared_engagement_is_shared_direction_and_unengaged_nodes_have_none():
-    e = structural_encoding(graph(), 256)
+    e = graph().structure_until(AS_OF, 256)
     assert e.shape == (11, 256) and e.dtype == np.float32
     np.testing.assert_allclose(e[0], e[1], atol=1e-6)  # the same films, the same weights: the same place
     assert cos(e[0], e[2]) > 0.5 > cos(e[0], e[4]) + 0.3  # a shared film vs another component
@@ -53,7 +53,7 @@ def test_shared_engagement_is_shared_direction_and_unengaged_nodes_have_none():
 
 def test_rows_follow_ids_not_node_positions():
     order = np.random.default_rng(0).permutation(11)
-    a, b = structural_encoding(graph(), 32), structural_encoding(graph(order), 32)
+    a, b = graph().structure_until(AS_OF, 32), graph(order).structure_until(AS_OF, 32)
     np.testing.assert_allclose(b[order], a, atol=1e-6)  # node i there is node order[i] here: the same vector
     codes = graph().nodes.hash_codes
     np.testing.assert_array_equal(random_signs(codes[[3, 1]], 16), random_signs(codes, 16)[[3, 1]])
@@ -63,11 +63,11 @@ def test_rows_follow_ids_not_node_positions():
 def test_edges_after_the_cutoff_are_not_read():
     recent = graph(recent_last=True)  # user 4 -> film 8 happened a day before as_of
     before = recent.structure_at(np.arange(11), AS_OF - 2 * DAY_US, 32)
-    np.testing.assert_allclose(before, structural_encoding(graph(drop_last=True), 32), atol=1e-6)
+    np.testing.assert_allclose(before, graph(drop_last=True).structure_until(AS_OF, 32), atol=1e-6)
     assert not before[4].any() and recent.structure_at(np.array([4, -1]), AS_OF, 32)[0].any()
     assert not recent.structure_at(np.array([-1]), AS_OF, 32).any()  # -1 (no node): zeros
     with pytest.raises(ValueError, match="dim >= 1"):
-        structural_encoding(recent, 0)
+        recent.structure_until(AS_OF, 0)
 
 
 def test_ids_sharing_a_first_hash_code_still_get_their_own_rows():
