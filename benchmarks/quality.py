@@ -13,23 +13,27 @@ exactly as the assets publish them (not timed). Without HIR it then runs `evalua
 scoring, metrics, lift), content vectors being the evaluation's hashed TF-IDF stand-in.
 
 With HIR (the default; `--no-hir` leaves it out) it publishes, window by window into the same store, what the pipeline's
-assets publish for HIR, with the library calls they make: `content_embeddings` (here the hashed TF-IDF stand-in of
-the window's catalogue text, `hir_model.eval.text_vectors`: no model weights), `engagement_graph`
-(`build_window_graph`), `hir_encoder` (`train_window` on `window_train_data`, hir.toml's [train] + [train.<source>],
-warm-started from t-1, the checkpoint and metrics.json in the asset's layout) and `entity_embeddings`
-(`embed_window`), for every window but the last (it has no successor to be evaluated on; timed, the `hir_build_s`
-line). It then evaluates every window with a successor exactly as the `window_evaluation` asset does
-(`evaluate_published_window`: HIR and the baselines on the same split, the baselines warm-starting from the previous
+assets publish for HIR, through the functions the assets call (hir_assets: `entry_args`, `commit_checkpoint`,
+`publish_embeddings`, `publish_hierarchy`, `publish_head`, `publish_index`; hir_model: `build_window_graph`, the training
+entry point) with the library configs the assets resolve from their run config (`<Asset>Run().<x>_config()`: the
+dataclasses' defaults unless a flag below sets a field): `content_embeddings` (here the hashed TF-IDF stand-in of the
+window's catalogue text, `hir_model.eval.text_vectors`: no model weights), `engagement_graph`, `hir_encoder` (the
+training entry point with the asset's arguments, in this process instead of under Dagster Pipes: hir.toml's [train] +
+[train.<source>], warm-started from t-1), `entity_embeddings`, `interest_hierarchy`, `ranking_head` and `bom_index`, for
+every window but the last (it has no successor to be evaluated on; timed, the `hir_build_s` line). It then evaluates
+every window with a successor as the `window_evaluation` asset does (`evaluate_published_window` with
+`WindowEvaluationRun`'s config: HIR and the baselines on the same split, the baselines warm-starting from the previous
 window's outcome, the conversion lift on HIR's pair score; timed), so every method reads the stand-in
 `content_embeddings` (`content=asset`; the content kNN baseline's figures then differ from `--no-hir`'s in the third
-decimal: IDF over window t's catalogue instead of the items known by end(t)). No `interest_hierarchy` or `bom_index`
-is built (no NMI / BoM lines).
+decimal: IDF over window t's catalogue instead of the items known by end(t)). The synthetic cases print no NMI lines
+(the planted truth is not passed).
 
     python benchmarks/quality.py            # synthetic at 100k and 400k events/window, all MovieLens windows
     python benchmarks/quality.py --quick    # synthetic at 20k and 80k events/window, the last 8 MovieLens windows
                                             # (HIR trained fresh from the first of them: not the demo's warm chain)
     python benchmarks/quality.py --quick --cases synthetic --no-hir   # the baselines only
-    python benchmarks/quality.py --quick --cases synthetic --set steps=20   # HIR trained with a TrainConfig override
+    python benchmarks/quality.py --quick --cases synthetic --set steps=20   # a TrainConfig field, as if in hir.toml's
+                                            # [train.<source>]
     python benchmarks/quality.py --cases movielens --set steps=48   # HIR on every MovieLens window, one override
     python benchmarks/quality.py --store .hir/storage/movielens   # HIR beside the baselines on a materialised store
     python benchmarks/quality.py --quick --cases movielens --prior-weight 0   # HIR's scores without the item prior
@@ -62,11 +66,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from dataclasses import asdict, replace  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +87,7 @@ from hir_model.eval.pages import write_report  # noqa: E402
 from hir_model.eval.report import evaluated, summary  # noqa: E402
 from hir_model.eval.run import EvalConfig, evaluate_windows  # noqa: E402
 from hir_model.storage import PartitionStore  # noqa: E402
+from hir_model.train.config import TrainConfig, with_overrides  # noqa: E402
 
 torch.set_num_threads(1)  # measured: 1 intra-op thread is ~4x faster than 2 on 2 shared cores
 
@@ -100,43 +104,37 @@ def materialise(source: Source, store: PartitionStore) -> WindowSpec:
     return spec
 
 
-def hir_train_config(source: str, overrides: list[str] = ()):
-    """hir_encoder's TrainConfig for `source`: hir.toml's [train] and [train.<source>] (as the asset gets them), then
-    `overrides` (`field=value`, JSON values)."""
+def hir_train_overrides(source: str, overrides: list[str] = ()) -> dict:
+    """hir_encoder's TrainConfig overrides for `source`: hir.toml's [train] and [train.<source>] (what the asset passes
+    the entry point), then `overrides` (`field=value`, JSON values) over them, as if [train.<source>] held them."""
     from hir_model.config import load_config
-    from hir_model.train.config import TrainConfig, parse_overrides, with_overrides
+    from hir_model.train.config import parse_overrides
 
-    cfg = with_overrides(TrainConfig(), load_config(env={**os.environ, "HIR_SOURCE": source}).train)
-    return with_overrides(cfg, parse_overrides(list(overrides)))
+    return {**load_config(env={**os.environ, "HIR_SOURCE": source}).train, **parse_overrides(list(overrides))}
 
 
-def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, scratch: Path,
+def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], overrides: dict, scratch: Path,
                 head: HeadConfig = HeadConfig()) -> dict:
-    """Publish HIR's artefacts of every window up to the last of `keys` with a successor, in the assets' layout:
-    content_embeddings (the stand-in; every window, t+1's new items read it), engagement_graph (every window: graph(t)
-    grows from graph(t-1)), hir_encoder (from the first of `keys` on: fresh there, then warm-started from t-1),
-    entity_embeddings, interest_hierarchy, ranking_head (with `head`) and bom_index. Returns seconds per stage and the
-    training summary."""
-    from hir_model.embed import EMBEDDINGS_FILE, EmbedConfig, embeddings_table
-    from hir_model.graph.window import build_window_graph, to_us
-    from hir_model.train.checkpoint import CHECKPOINT_FILE, ENCODER_ASSET, checkpoint_path
+    """Publish HIR's artefacts of every window up to the last of `keys` with a successor, through the functions the
+    assets call: content_embeddings (the stand-in; every window, t+1's new items read it), engagement_graph (every
+    window: graph(t) grows from graph(t-1)), hir_encoder (from the first of `keys` on: fresh there, then warm-started
+    from t-1; `overrides`: TrainConfig fields, as hir.toml's [train]), entity_embeddings, interest_hierarchy,
+    ranking_head (with `head`) and bom_index. Returns seconds per stage and the training summary."""
+    from hir_assets.hierarchy import EntityEmbeddingsRun, InterestHierarchyRun, publish_embeddings, publish_hierarchy
+    from hir_assets.index import BomIndexRun, publish_head, publish_index
+    from hir_assets.training import HirEncoderRun, commit_checkpoint, entry_args, previous_checkpoint
     from hir_model.content import CONTENT_ASSET, CONTENT_FILE
-    from hir_model.embed import EMBEDDINGS_ASSET
-    from hir_model.embed.entity_embeddings import embed_window
-    from hir_model.train.window_data import window_train_data
     from hir_model.eval.text_vectors import stand_in_table
-    from hir_model.hierarchy.build import HIERARCHY_ASSET
-    from hir_model.hierarchy.interest_hierarchy import hierarchy_window
-    from hir_model.rank.state import HEAD_ASSET, write_head
-    from hir_model.rank.ranking_head import build_head_state
-    from hir_model.retrieval.index import BOM_ASSET
-    from hir_model.rank.bom_index import build_window_index
-    from hir_model.train.trainer import train_window
+    from hir_model.graph.window import build_window_graph
+    from hir_model.train import entry
+    from hir_model.train.checkpoint import CHECKPOINT_FILE
 
+    embed, hierarchy, index = (EntityEmbeddingsRun().embed_config(), InterestHierarchyRun().hierarchy_config(),
+                               BomIndexRun().index_config())  # the assets' configs under an empty run config
     needed = [k for k in keys if spec.next(spec.window(k)) is not None]
     first, upto = min(keys, default=""), max(needed, default="")
     seconds = {"content": 0.0, "graph": 0.0, "train": 0.0, "embed": 0.0, "index": 0.0}
-    losses, entropy, previous, trained = [], [], None, None
+    losses, entropy, previous = [], [], None
     for window in spec.windows():
         key = window.key
         t0 = time.perf_counter()
@@ -156,43 +154,32 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], cfg, s
             continue
         out = scratch / key / CHECKPOINT_FILE  # hir_encoder: trained beside the store, then committed like the asset does
         out.parent.mkdir(parents=True, exist_ok=True)
-        data, _ = window_train_data(store, key)
-        result = train_window(data, cfg, out, checkpoint_path(store, trained) if trained else None, key)
-        with store.writing() as staging:
-            folder = staging.path(ENCODER_ASSET, key)
-            shutil.copyfile(out, folder / CHECKPOINT_FILE)
-            (folder / "metrics.json").write_text(json.dumps(asdict(result)) + "\n")
+        entry.run(entry.parse(entry_args(store, key, out, previous_checkpoint(store, key), overrides, HirEncoderRun())))
+        metrics = json.loads(Path(f"{out}.metrics.json").read_text())
+        commit_checkpoint(store, key, out, metrics)
         t3 = time.perf_counter()
-        build = embed_window(store, key, to_us(window.end), EmbedConfig())  # entity_embeddings, in the checkpoint's view
-        with store.writing() as staging:
-            staging.write_table(EMBEDDINGS_ASSET, key, EMBEDDINGS_FILE, embeddings_table(build.embeddings))
+        publish_embeddings(store, window, embed)  # entity_embeddings, in the checkpoint's view
         t4 = time.perf_counter()
-        h = hierarchy_window(store, key, trained, to_us(window.end))  # interest_hierarchy, ranking_head, bom_index
-        with store.writing() as staging:
-            for name, table in h.tables.items():
-                staging.write_table(HIERARCHY_ASSET, key, name, table)
-        state = build_head_state(store, spec, key, head)
-        with store.writing() as staging:
-            write_head(staging.path(HEAD_ASSET, key), state)
-        with store.writing() as staging:
-            build_window_index(store, key, staging.path(BOM_ASSET, key))
+        publish_hierarchy(store, window, hierarchy)  # interest_hierarchy, ranking_head, bom_index
+        publish_head(store, spec, key, head)
+        publish_index(store, key, index)
         seconds["train"] += t3 - t2
         seconds["embed"] += t4 - t3
         seconds["index"] += time.perf_counter() - t4
-        losses.append(result.losses[-1] if result.losses else float("nan"))
-        entropy.append(min(result.usage_entropy, default=float("nan")))
-        trained = key
+        losses.append(metrics["losses"][-1] if metrics["losses"] else float("nan"))
+        entropy.append(min(metrics["usage_entropy"], default=float("nan")))
     return {"seconds": seconds, "windows_trained": len(losses),
             "last_loss": losses[-1] if losses else float("nan"), "min_usage_entropy": min(entropy, default=float("nan"))}
 
 
 def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None) -> list:
-    """Every window of `keys` through `evaluate_published_window` (HIR's rows + baselines), in time order, each
-    warm-starting from the previous window's outcome in process; `on_window(key, outcome)` after each evaluated window."""
-    from hir_model.eval.window_evaluation import WindowEvalConfig, WindowOutcome, evaluate_published_window
+    """Every window of `keys` through `evaluate_published_window` (HIR's rows + baselines) with the window_evaluation
+    asset's config, in time order, each warm-starting from the previous window's outcome in process; `on_window(key,
+    outcome)` after each evaluated window."""
+    from hir_assets.evaluation import WindowEvaluationRun
+    from hir_model.eval.window_evaluation import WindowOutcome, evaluate_published_window
 
-    config = WindowEvalConfig()
-
+    config = WindowEvaluationRun().eval_config()
     results, previous = [], None
     for key in sorted(keys):
         outcome = evaluate_published_window(store, spec, key, config, truth=truth, previous=previous)
@@ -208,8 +195,8 @@ def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None
 
 def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int | None = None, last: int = 4,
              hir=None, head: HeadConfig = HeadConfig(), skip_last: int = 0) -> list:
-    """`hir` (a TrainConfig): publish HIR's artefacts trained with it (`publish_hir`) and evaluate as `window_evaluation`
-    does, HIR among the methods; None: the baselines only. `skip_last`: the last that many windows with a successor are
+    """`hir` (TrainConfig overrides): publish HIR's artefacts trained with them (`publish_hir`) and evaluate as
+    `window_evaluation` does, HIR among the methods; None: the baselines only. `skip_last`: the last that many windows with a successor are
     left out (neither trained on nor evaluated; the first of them only serves as the successor of the last evaluated)."""
     store = PartitionStore(workdir / name)
     t0 = time.perf_counter()
@@ -224,19 +211,19 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
     if hir is not None:
         t0 = time.perf_counter()
         built = publish_hir(store, spec, keys, hir, workdir / f"{name}-hir-scratch", head)
-        s = built["seconds"]
+        s, cfg = built["seconds"], with_overrides(TrainConfig(), hir)
         print(f"case={name} hir_build_s={time.perf_counter() - t0:.1f} hir_content_s={s['content']:.1f} hir_graph_s={s['graph']:.1f} "
               f"hir_train_s={s['train']:.1f} hir_embed_s={s['embed']:.1f} hir_index_s={s['index']:.1f} windows_trained={built['windows_trained']} "
-              f"steps_per_window={hir.steps} levels={','.join(map(str, hir.levels))} last_loss={built['last_loss']:.3f} "
+              f"steps_per_window={cfg.steps} levels={','.join(map(str, cfg.levels))} last_loss={built['last_loss']:.3f} "
               f"min_usage_entropy={built['min_usage_entropy']:.3f}", flush=True)
         t0 = time.perf_counter()
         unevaluated = {}
 
         def note(key, outcome):
-            if not outcome.extras.get("hir", {}).get("evaluated"):
-                unevaluated[key] = outcome.extras.get("hir", {}).get("reason", "")
+            if not outcome.hir.evaluated:
+                unevaluated[key] = outcome.hir.reason or ""
             else:
-                print(f"case={name} window={key} {prior_fields(outcome.extras['hir'])}", flush=True)
+                print(f"case={name} window={key} {prior_fields(outcome.hir)}", flush=True)
 
         results = evaluate_published(store, spec, keys, on_window=note)
         for key, reason in unevaluated.items():
@@ -298,10 +285,11 @@ def movielens_last(results: list, last: int = 4) -> None:
               f"cold_users_per_window={cold.users_per_window if cold else 0:.1f}", flush=True)
 
 
-def prior_fields(hir: dict) -> str:
-    """HIR's item prior in a window (its weight, and the users it was fitted on: 0 when not fitted) as key=value pairs."""
-    fitted = hir.get("prior_calibration") or {}
-    return f"hir_prior_weight={hir.get('prior_weight', float('nan')):g} hir_prior_fitted_users={fitted.get('users', 0)}"
+def prior_fields(hir) -> str:
+    """HIR's item prior in a window (its weight, and the users it was fitted on: 0 when not fitted) as key=value pairs;
+    `hir`: the window's HIRStatus."""
+    fitted = hir.prior_calibration or {}
+    return f"hir_prior_weight={hir.prior_weight:g} hir_prior_fitted_users={fitted.get('users', 0)}"
 
 
 def run_store(root: Path, out: Path, last: int = 4) -> list:
@@ -317,11 +305,11 @@ def run_store(root: Path, out: Path, last: int = 4) -> list:
     truth = pq.read_table(truth_path) if config.source == "synthetic" and truth_path.is_file() else None
 
     def line(key, outcome):
-        hir = outcome.extras.get("hir", {})
-        print(f"case=store window={key} hir={'yes' if hir.get('evaluated') else 'no (' + hir.get('reason', '') + ')'} "
+        hir = outcome.hir
+        print(f"case=store window={key} hir={'yes' if hir.evaluated else 'no (' + (hir.reason or '') + ')'} "
               + " ".join(f"{t.method}_s={t.fit_s + t.score_s:.2f}" for t in outcome.evaluation.timings)
-              + (f" {prior_fields(hir)}" if hir.get("evaluated") else "")
-              + "".join(f" nmi_L{a.level}={a.nmi:.3f} ari_L{a.level}={a.ari:.3f}" for a in outcome.agreement
+              + (f" {prior_fields(hir)}" if hir.evaluated else "")
+              + "".join(f" nmi_L{a.level}={a.nmi:.3f} ari_L{a.level}={a.ari:.3f}" for a in outcome.agreement or ()
                         if a.level == a.planted_level), flush=True)
 
     t0 = time.perf_counter()
@@ -347,31 +335,33 @@ def main() -> None:
     parser.add_argument("--store", type=Path, help="evaluate HIR beside the baselines on this materialised store (and nothing else)")
     parser.add_argument("--no-hir", action="store_true", help="the baselines only (no HIR training, embedding, column)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a TrainConfig field of HIR's training (JSON value), e.g. --set steps=20")
+                        help="a TrainConfig field of HIR's training (JSON value) over hir.toml's, e.g. --set steps=20")
     parser.add_argument("--skip-last", type=int, default=0, metavar="N",
                         help="leave the last N evaluated windows out (MovieLens), so choices are made on earlier windows")
-    parser.add_argument("--prior-weight", type=float, default=1.0,
-                        help="HIR's item prior weight in logit units where it is not fitted (hir_model.rank.head; "
-                             "0: the plain dot product)")
-    parser.add_argument("--calibrate-days", type=float, default=7.0,
+    # the ranking head's fields (RankingHeadRun, so unset ones keep HeadConfig's defaults; 0 days: off)
+    parser.add_argument("--prior-weight", type=float, help="HIR's item prior weight in logit units where it is not fitted "
+                                                           "(hir_model.rank.head; 0: the plain dot product)")
+    parser.add_argument("--calibrate-days", type=float,
                         help="fit the prior's weight on each window's last days (hir_model.rank.fit; 0: off)")
-    parser.add_argument("--recent-weight", type=float, default=0.7,
+    parser.add_argument("--recent-weight", type=float,
                         help="a warm user's query: (1 - w) * published row + w * recent items (0: the row alone)")
-    parser.add_argument("--kernel-weight", type=float, default=0.7,
+    parser.add_argument("--kernel-weight", type=float,
                         help="a warm user's score: (1 - k) * query.v + k * the interest kernel over recent items (0: off)")
-    parser.add_argument("--cold-structure-weight", type=float, default=0.85,
+    parser.add_argument("--cold-structure-weight", type=float,
                         help="a cold user's score: (1 - s) * encoder vector.v + s * the structural readout (0: off)")
-    parser.add_argument("--cold-prior-days", type=float, default=7.0,
+    parser.add_argument("--cold-prior-days", type=float,
                         help="cold users' item prior: engagements made in their users' first days (0: warm users' prior)")
     args = parser.parse_args()
-    head = HeadConfig(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days or None,
-                      recent_weight=args.recent_weight, kernel_weight=args.kernel_weight,
-                      cold_structure_weight=args.cold_structure_weight, cold_prior_days=args.cold_prior_days or None)
+    from hir_assets.index import RankingHeadRun
+
+    head = RankingHeadRun(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days, recent_weight=args.recent_weight,
+                          kernel_weight=args.kernel_weight, cold_structure_weight=args.cold_structure_weight,
+                          cold_prior_days=args.cold_prior_days).head_config()
     if args.store:
         run_store(args.store, args.out)
         return
     cases = set(args.cases.split(","))
-    hir = None if args.no_hir else hir_train_config("synthetic", args.set)
+    hir = None if args.no_hir else hir_train_overrides("synthetic", args.set)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if "synthetic" in cases:
@@ -386,7 +376,7 @@ def main() -> None:
             source = MovieLensSource(args.data_dir)
             source.prepare()
             t0 = time.perf_counter()
-            hir_ml = None if args.no_hir else hir_train_config("movielens", args.set)
+            hir_ml = None if args.no_hir else hir_train_overrides("movielens", args.set)
             results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml,
                                head=head, skip_last=args.skip_last)
             movielens_last(results)

@@ -47,7 +47,8 @@ class HirEncoderRun(dg.Config):
     levels: Optional[str] = None  # prototypes per level, coarse to fine, e.g. "4,12,36"
 
 
-def _latest_before(store: PartitionStore, key: str) -> str | None:
+def previous_checkpoint(store: PartitionStore, key: str) -> str | None:
+    """The latest partition before `key` holding a checkpoint (what window `key` warm-starts from)."""
     earlier = [p for p in store.partitions(ENCODER_ASSET) if p < key and (store.partition_dir(ENCODER_ASSET, p) / CHECKPOINT_FILE).is_file()]
     return earlier[-1] if earlier else None
 
@@ -165,7 +166,7 @@ def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: 
         """Encoder + multi-level prototypes trained on data up to the window end, warm-started from t-1 (via Dagster Pipes)."""
         key, store = context.partition_key, storage.store()
         graph_dir, events, content = window_inputs(store, key)
-        previous = _latest_before(store, key)
+        previous = previous_checkpoint(store, key)
         scratch = store.root / ENCODER_ASSET / f".running-{key}"  # survives a killed run: the next one resumes from it
         scratch.mkdir(parents=True, exist_ok=True)
         out = scratch / CHECKPOINT_FILE
