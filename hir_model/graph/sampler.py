@@ -14,17 +14,23 @@ Semantics (one `sample` call, one cutoff):
   on one root-to-token path (no walking back to the parent, no cycles).
 
 How (every step is one numpy pass over all tokens of a depth level of the whole batch; no per-seed Python):
-- Per (graph, cutoff, max_age) a table of the visible edges is built once and kept (about 52 bytes per visible edge):
+- Per (graph, cutoff, max_age) a table of the visible edges is built once and kept (about 48 bytes per visible edge):
   their CSR, their log weight decayed to the cutoff and a Walker alias table per node, packed so that a weighted
-  draw is one 24-byte read (O(1), no search).
+  draw is one aligned 32-byte read (O(1), no search) and a token's edge type and age one 8-byte read.
 - A frontier token whose node has more than `scan_degree` visible edges draws `draws_per_slot` x fanout edges
   with replacement; dropped edges and nodes on its path are rejected, and the first distinct neighbours in draw
-  order are kept (the first distinct values of an i.i.d. weighted sequence are a successive sample).
+  order are kept (the first distinct values of an i.i.d. weighted sequence are a successive sample). All the
+  uniforms are drawn at once, but a token's draws are looked at only until it is full: the first k - found for
+  every token, the rest for those still short.
 - A token that ends short of its fanout while its node has more distinct neighbours, and every token of a
   smaller node, continues exactly: a Gumbel-top-k scan of all its node's visible edges, without the neighbours
   it already has. Given the draws so far, the next distinct neighbours of an i.i.d. sequence are a successive
   sample of the rest, so the result is exact successive sampling either way (no truncation).
-Tokens are laid out per sequence in BFS order: seed, depth 1, depth 2; within a parent in draw order.
+Tokens are laid out per sequence in BFS order: seed, depth 1, depth 2; within a parent in draw order. Each level is
+written straight to its places in the batch; a pick travels as one int64, edge << 32 | neighbour.
+
+The same seeds and generator give the same batch, bit for bit, as the sampler the demo ran with (9d8e473): every
+speed-up here keeps the order and number of the generator's draws (tests/hir_model/graph/test_sampler_equivalence.py).
 """
 
 from __future__ import annotations
@@ -72,7 +78,6 @@ class VisibleEdges:
     """The edges one (cutoff, max_age) shows, as a CSR over the graph's nodes with an alias table per node. E' = visible edges."""
 
     indptr: np.ndarray  # int64 [N+1]: node i's visible edges are [indptr[i], indptr[i+1])
-    edge: np.ndarray  # int32/int64 [E'], index of each visible edge in the graph
     neighbours: np.ndarray  # int32 (int64 when N >= 2**31) [E'], its destination node
     log_weight: np.ndarray  # float32 [E'], log of its weight decayed to the cutoff
     # int64 [E', 4], one aligned 32-byte read per draw: a draw landing on slot e keeps e with probability prob (column 0,
@@ -115,7 +120,6 @@ def _build(graph: Graph, cutoff_us: int, min_ts: int | None) -> VisibleEdges:
     ok = (ts <= cutoff_us) & (w > 0)
     if min_ts is not None:
         ok &= (ts >= min_ts) | ~IS_ENGAGEMENT[etype]
-    idx = np.int32 if graph.num_edges < 2**31 else np.int64
     edge = np.flatnonzero(ok)
     src = graph.src()[edge]  # [E'] sorted: the CSR order survives the filter
     n = graph.num_nodes
@@ -132,7 +136,7 @@ def _build(graph: Graph, cutoff_us: int, min_ts: int | None) -> VisibleEdges:
     own = np.arange(len(edge), dtype=np.int64) << 32 | nbr.astype(np.int64)
     slots = np.stack([prob.view(np.int64), own, own[alias], np.zeros_like(own)], axis=1)
     age = np.append((cutoff_us - ts[edge]) / US, 0.0).astype(np.float32).view(np.uint32).astype(np.int64)
-    return VisibleEdges(indptr, edge.astype(idx), nbr.astype(_node_dtype(n)), log_w.astype(np.float32), slots,
+    return VisibleEdges(indptr, nbr.astype(_node_dtype(n)), log_w.astype(np.float32), slots,
                         np.append(etype[edge], SELF_EDGE) << 32 | age, np.bincount(src[first], minlength=n),
                         np.asarray(graph.nodes.node_type, np.int64), graph.strength_until(cutoff_us), bool((src == nbr).any()))
 
@@ -287,9 +291,9 @@ class _Call:
         """`draw` with its uniforms x (m, R). A row that is full ignores its later draws, so when rows are many, the
         first k - min(found) draws go to every row and the rest only to the rows that are still short."""
         (m, r), k, t = x.shape, out.shape[1], self.table
-        have = int(found.max()) if r else 0
-        first = k - have  # draws that no row can do without (and after which none is full)
-        cut = k - (int(found.min()) if r else 0)
+        have = int(found.max()) if r else 0  # columns of out that hold a pick in some row
+        safe = k - have  # this many draws fill no row
+        cut = k - (int(found.min()) if r else 0)  # this many draws every row but the fullest can use
         if cut < m and m * r >= SPLIT:
             got = self._draws(x[:cut], start, deg, path, out, rows, found)
             more = np.flatnonzero(got < k)
@@ -340,16 +344,17 @@ class _Call:
                 for j in range(1, m):
                     keep[j] &= ~(vals[:j] == nbr[j]).any(0)
             pos = _running(keep, base)
-        if m > first:
+        if m > safe:
             keep &= pos < (rows + 1) * k
         at = np.flatnonzero(keep)  # kept draws, draw-major
         out.reshape(-1)[pos.take(at)] = packed.take(at)
         return np.minimum(pos[-1] - (rows * k - 1), k)
 
-    def scan(self, start: np.ndarray, deg: np.ndarray, exclude: np.ndarray, found: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
-        """Exact continuation: Gumbel-top-(k - found) over all visible edges of each row's node, the neighbours in its row of
-        `exclude` (R, X: its path and what it has; -1 none; X a multiple of 8) left out. Returns (row, slot, packed edge << 32 | neighbour) of
-        the new picks."""
+    def scan(self, start: np.ndarray, deg: np.ndarray, exclude: np.ndarray, found: np.ndarray,
+             k: int) -> tuple[np.ndarray, ...]:
+        """Exact continuation: Gumbel-top-(k - found) over all visible edges of each row's node, the neighbours in its row
+        of `exclude` (R, X: its path and what it has; -1 none; X a multiple of 8) left out. Returns (row, slot, packed
+        edge << 32 | neighbour) of the new picks."""
         t = self.table
         edge = _ranges(start, deg)  # (C,) CSR order: a row's edges to one neighbour are adjacent
         row = np.repeat(np.arange(len(start)), deg)

@@ -68,7 +68,8 @@ def _rownorm(x: np.ndarray) -> np.ndarray:
     return np.divide(x, norm, out=np.zeros_like(x), where=norm > 0)
 
 
-def structural_encoding(adjacency: sp.csr_matrix, hash_codes: np.ndarray, dim: int, alphas: tuple[float, ...] = ALPHAS) -> np.ndarray:
+def structural_encoding(adjacency: sp.csr_matrix, hash_codes: np.ndarray, dim: int,
+                        alphas: tuple[float, ...] = ALPHAS) -> np.ndarray:
     """float32 [N, dim]: each node's FastRP encoding (module docstring) over `adjacency` (engagement_adjacency), unit-norm;
     zeros for a node without an engagement edge (knowledge-graph nodes, never-engaged entities: they have no place in it).
     `hash_codes` [N, K]: the nodes' deep-hash codes, which seed their random rows."""
