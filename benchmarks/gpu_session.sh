@@ -3,11 +3,12 @@
 # default 420 s of wall time, start-up of the machine not included):
 #   1. tests   the flex-vs-dense forward + backward test and the bf16 encoder test on CUDA (pytest when installed,
 #              else the test functions called directly)
-#   2. attn_fwdbwd, attn_fwd   benchmarks/attention.py up to N = 16,384: the crossover table, auto_vs_best per N
-#   3. train   benchmarks/train.py --throughput: samples/s, wait (sampler) vs compute, GPU utilisation, at several batch
+#   2. train   benchmarks/train.py --throughput: samples/s, wait (sampler) vs compute, GPU utilisation, at several batch
 #              sizes, loader processes and precisions on one MovieLens window
+#   3. attn_fwdbwd, attn_fwd   benchmarks/attention.py up to N = 16,384: the crossover table, auto_vs_best per N
 #   4. budget  (only with the time left) the budget sweep: default vs full over the last MovieLens windows, with the
 #              next-window recall proxy
+# GPU_SESSION_STEPS (comma-separated, default all) picks steps, e.g. GPU_SESSION_STEPS=budget for a second call.
 # Each step runs under its own `timeout` (cut to the time left), a failing step does not stop the next, and
 # everything goes under $OUT (default /tmp/gpu_out): <step>.log (full output), summary.txt (step, rc, seconds) and
 # results.txt (the key=value lines). The last lines printed are a condensed summary.
@@ -46,8 +47,10 @@ fi
 export PY OUT
 
 # step NAME LIMIT_S CMD...: run CMD under timeout (LIMIT_S, cut to the time left), output to $OUT/NAME.log
+STEPS=",${GPU_SESSION_STEPS:-tests,tests_direct,train,attn_fwdbwd,attn_fwd,budget},"
 step() {
   local name=$1 limit=$2; shift 2
+  case "$STEPS" in *",$name,"*) ;; *) return 0 ;; esac
   local left=$((BUDGET - ($(date +%s) - START) - 5))
   [ "$limit" -gt "$left" ] && limit=$left
   if [ "$limit" -lt 20 ]; then
@@ -134,13 +137,11 @@ if [ $SMOKE = 1 ]; then
   step attn_fwd 60 "$PY" benchmarks/attention.py --device cpu --mode fwd --lengths 128 --tokens 512 --repeats 2 --threads 1
   step train 120 "$PY" benchmarks/train.py --throughput --window-index 1 --steps 2 \
     --case "batch_size=64" --case 'batch_size=64 loader_workers=2 precision="bf16" profile=true' --case "batch_size=63"
-  step budget 120 "$PY" benchmarks/train.py --budgets default --windows 2 --steps 2
+  step budget 120 "$PY" benchmarks/train.py --budgets default --windows 1 --steps 2
 else
   step tests 90 run_tests -m "not slow"
-  step attn_fwdbwd 110 "$PY" benchmarks/attention.py --device cuda --mode fwdbwd --lengths 1024,2048,4096,8192,16384 --repeats 3
-  step attn_fwd 80 "$PY" benchmarks/attention.py --device cuda --mode fwd --lengths 256,1024,4096,8192,16384 --repeats 3
   # by priority: a cut-off run still has the first cases. Auto on CUDA: bf16, 12 lean loader processes
-  step train 140 "$PY" benchmarks/train.py --throughput --window-index 7 --steps 30 --threads 4 \
+  step train 140 "$PY" benchmarks/train.py --throughput --window-index 7 --steps 25 --threads 4 \
     --case "batch_size=4096" \
     --case "batch_size=512" \
     --case 'batch_size=512 loader_workers=0 precision="fp32"' \
@@ -149,6 +150,8 @@ else
     --case "batch_size=4096 loader_workers=6" \
     --case 'budget="full"' \
     --case "batch_size=4096 profile=true"
+  step attn_fwdbwd 100 "$PY" benchmarks/attention.py --device cuda --mode fwdbwd --lengths 1024,2048,4096,8192,16384 --repeats 3
+  step attn_fwd 75 "$PY" benchmarks/attention.py --device cuda --mode fwd --lengths 256,1024,4096,16384 --repeats 3
   step budget 200 "$PY" benchmarks/train.py --budgets default,full --first 24 --windows 31 --threads 4
 fi
 
@@ -160,7 +163,7 @@ from pathlib import Path
 out = Path(sys.argv[1])
 keep = {"attn": ["case", "mode", "B", "dense_ms", "flex_ms", "auto_backend", "auto_why", "auto_vs_best", "dense_mb", "flex_mb"],
         "summary": ["mode", "flex_faster_at", "flex_from", "auto_worst_vs_best", "auto_within_10pct"],
-        "throughput": ["set", "samples_per_s", "wait_share", "loader", "precision", "gpu_util", "gpu_util_source",
+        "throughput": ["set", "samples_per_s", "steady_samples_per_s", "wait_share", "loader", "precision", "gpu_util", "gpu_util_source",
                        "gpu_kernel_busy", "loop_share", "error"],
         "budget": ["budget", "samples_per_window", "train_s_per_window", "samples_per_s", "next_r20_dot_last4",
                    "next_r20_prior_last4", "evaluated"]}

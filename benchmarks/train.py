@@ -14,8 +14,9 @@ Without --store the content vectors are a hashed TF-IDF stand-in (no model weigh
 
 Per window a key=value line: seconds (the training loop) = wait_s (waiting for the next batch: the sampler) + compute_s
 (everything else: copies, forward, backward, optimizer), samples/s = (batch_size + 2 * pair_batch) * steps / seconds,
-the loader (thread, or N worker processes; "lean": node indices shipped, per-node columns gathered on the GPU) and the
-precision (fp32 / bf16). On CUDA, gpu_util is the mean GPU utilisation NVML reports (the share of time a kernel ran,
+steady_samples_per_s the same after the first step (no loader start-up, no first-step costs), the loader (thread, or N
+worker processes; "lean": node indices shipped, per-node columns gathered on the GPU; "shm" / "pipe": how batches came
+back) and the precision (fp32 / bf16). On CUDA, gpu_util is the mean GPU utilisation NVML reports (the share of time a kernel ran,
 sampled every 50 ms during the window's train_window call, so it includes its set-up and metrics: loop_share says how
 much of the call the loop was), read with torch.cuda.utilization() when pynvml is installed, else from
 libnvidia-ml through ctypes (gpu_util_source says which; na where neither works, e.g. MIG). A case with profile=true
@@ -291,7 +292,8 @@ def next_window_recall(model: HIRModel, cfg: TrainConfig, data: TrainData, event
 
 def timing_fields(r: TrainResult, call_s: float) -> str:
     compute = max(r.seconds - r.loader_wait_s, 0.0)
-    return (f"seconds={r.seconds:.2f} samples_per_s={r.samples_per_s:.1f} wait_s={r.loader_wait_s:.2f} compute_s={compute:.2f} "
+    return (f"seconds={r.seconds:.2f} samples_per_s={r.samples_per_s:.1f} steady_samples_per_s={r.steady_samples_per_s:.1f} "
+            f"wait_s={r.loader_wait_s:.2f} compute_s={compute:.2f} "
             f"wait_share={r.loader_wait_s / max(r.seconds, 1e-9):.3f} loop_share={r.seconds / max(call_s, 1e-9):.3f} "
             f"loader={r.loader.replace(' ', '_')} precision={r.precision} backend={r.backend}")
 

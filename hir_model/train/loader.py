@@ -6,7 +6,8 @@
   raised in the consumer at the item it broke, and leaving the `with` block (normally, early, or on an exception in the
   training loop) stops and joins the worker.
 - `ProcessPrefetcher`: the same contract over several forked worker processes (torch's DataLoader: items in key order,
-  optionally in pinned memory), for a GPU that one sampling process cannot keep busy.
+  optionally in pinned memory), for a GPU that one sampling process cannot keep busy. Tensors come back through shared
+  memory (/dev/shm) where it has room, else pickled through the workers' pipes (containers often mount 64 MB there).
 - `ReadyStep`: one shard of a step with both views collated, what the loss reads; `NodeTables` fills in the per-node
   columns (hash codes, content, structural encoding) of "lean" batches on the device, so that a worker ships node
   indices instead of B x N x C floats.
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import queue
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -128,19 +131,72 @@ def _as_is(item):
     return item
 
 
+SHM_NEEDED = 2 * 2**30  # free bytes in /dev/shm below which workers pickle their items instead
+
+
+def shm_free() -> int:
+    try:
+        return shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
+    except OSError:
+        return 0
+
+
+class _Shipped:
+    """A tensor travelling as a numpy array (pickled through a pipe, not through shared memory)."""
+
+    def __init__(self, t: Tensor):
+        self.array = t.numpy()
+
+
+def _ship(x):
+    """x with its tensors (in lists, tuples and dataclasses) as `_Shipped` arrays; `_unship` undoes it."""
+    if isinstance(x, Tensor):
+        return _Shipped(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_ship(v) for v in x)
+    if hasattr(x, "__dataclass_fields__"):
+        return replace(x, **{f: _ship(getattr(x, f)) for f in x.__dataclass_fields__})
+    return x
+
+
+def _unship(x):
+    if isinstance(x, _Shipped):
+        return torch.from_numpy(x.array)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unship(v) for v in x)
+    if hasattr(x, "__dataclass_fields__"):
+        return replace(x, **{f: _unship(getattr(x, f)) for f in x.__dataclass_fields__})
+    return x
+
+
+class _Pickled:
+    """make(key) with its tensors shipped as numpy arrays (module level: DataLoader may pickle it)."""
+
+    def __init__(self, make: Callable):
+        self.make = make
+
+    def __call__(self, key):
+        return _ship(self.make(key))
+
+
 class ProcessPrefetcher(Generic[K, V]):
     """Iterates make(key) for key in keys, made in `workers` forked processes (each up to `depth` items ahead), in key
-    order; with `pin`, items are moved to page-locked memory (their `pin_memory()`) on a thread of this process.
-    `make` and what it reads are inherited by the fork, not pickled; items come back through shared memory (tensors)
-    or pickles (anything else), so they should be tensors, small arrays and numbers."""
+    order; with `pin`, items are moved to page-locked memory (their `pin_memory()`). `make` and what it reads are
+    inherited by the fork, not pickled. Items come back through shared memory (`via_shm`; default: where /dev/shm has
+    SHM_NEEDED free) or pickled through pipes (their tensors as numpy arrays), so they should be tensors, arrays and
+    numbers in lists, tuples and dataclasses. `transport` says which ("shm" or "pipe")."""
 
-    def __init__(self, make: Callable[[K], V], keys: Iterable[K], workers: int, depth: int = DEPTH, pin: bool = False):
+    def __init__(self, make: Callable[[K], V], keys: Iterable[K], workers: int, depth: int = DEPTH, pin: bool = False,
+                 via_shm: bool | None = None):
         if workers < 1 or depth < 1:
             raise ValueError(f"ProcessPrefetcher needs workers >= 1 and depth >= 1, got {workers}, {depth}")
         keys = list(keys)
+        via_shm = shm_free() >= SHM_NEEDED if via_shm is None else via_shm
+        self.transport, self._pin = ("shm", False) if via_shm else ("pipe", pin)  # pipe: pinned here, after unpickling
         self._loader = torch.utils.data.DataLoader(
-            _Keyed(make, keys), batch_size=None, shuffle=False, num_workers=min(workers, max(len(keys), 1)),
-            collate_fn=_as_is, pin_memory=pin, prefetch_factor=depth, multiprocessing_context="fork",
+            _Keyed(make if via_shm else _Pickled(make), keys), batch_size=None, shuffle=False,
+            num_workers=min(workers, max(len(keys), 1)), collate_fn=_as_is, pin_memory=pin and via_shm,
+            prefetch_factor=depth, multiprocessing_context="fork",
             generator=torch.Generator().manual_seed(0))  # its own seed generator: the global torch RNG is not drawn from
         self._it = iter(self._loader) if keys else iter(())
 
@@ -148,7 +204,11 @@ class ProcessPrefetcher(Generic[K, V]):
         return self
 
     def __next__(self) -> V:
-        return next(self._it)
+        item = next(self._it)
+        if self.transport == "shm":
+            return item
+        item = _unship(item)
+        return torch.utils.data._utils.pin_memory.pin_memory(item) if self._pin else item
 
     def close(self) -> None:
         shutdown = getattr(self._it, "_shutdown_workers", None)

@@ -66,7 +66,9 @@ class TrainResult:
     version: str = ""
     weights_digest: str = ""  # sha256 of the student's weights on this rank (DDP ranks must agree)
     loader_wait_s: float = 0.0  # of `seconds`, the time the loop waited for its next batch (the rest: compute, copies)
-    loader: str = "thread"  # what sampled the batches: "thread" or "N processes" (+ ", lean": node tables on the device)
+    loader: str = "thread"  # what sampled the batches: "thread" or "N processes" (+ ", lean": node tables on the device;
+    # ", shm" / ", pipe": how the batches came back)
+    steady_samples_per_s: float = float("nan")  # samples/s after the first step (no loader start-up, no first-step costs)
     precision: str = "fp32"  # the encoder's arithmetic while training: "fp32" or "bf16"
 
 
@@ -324,9 +326,11 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
 
     keys = range(start, end)
     loader = ProcessPrefetcher(make, keys, workers, pin=device.type == "cuda") if workers else Prefetcher(make, keys)
-    wait = 0.0
+    wait, t_first = 0.0, None
     with loader as prefetch:
         for s in keys:
+            if s == start + 1:
+                t_first = time.perf_counter()
             t_next = time.perf_counter()
             batches = next(prefetch)
             wait += time.perf_counter() - t_next
@@ -348,7 +352,10 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
                 parts[k].append(_all_reduce_mean(float(v), device))
             if rank == 0 and out is not None and cfg.checkpoint_every and (s + 1) % cfg.checkpoint_every == 0 and s + 1 < cfg.steps:
                 _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, s + 1, base_step, False, {}))
-    seconds = time.perf_counter() - t0
+    t_end = time.perf_counter()
+    seconds = t_end - t0
+    per_step = cfg.batch_size + 2 * cfg.pair_batch
+    steady = per_step * (end - start - 1) / max(t_end - t_first, 1e-9) if t_first is not None else float("nan")
     final_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
     for m in (student, teacher):
         m.encoder.autocast_dtype = None
@@ -356,9 +363,10 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
     backend = getattr(student.encoder.last_choice, "backend", "none")
     digest = hashlib.sha256(b"".join(v.detach().cpu().contiguous().numpy().tobytes() for v in student.state_dict().values()))
     result = TrainResult(window, base_step + end, end, start, warm, losses, parts, [], [], seconds,
-                         (cfg.batch_size + 2 * cfg.pair_batch) * (end - start) / max(seconds, 1e-9), backend, weights_digest=digest.hexdigest()[:16],
+                         per_step * (end - start) / max(seconds, 1e-9), backend, weights_digest=digest.hexdigest()[:16],
                          held_out_start=start_loss, held_out_final=final_loss, loader_wait_s=wait,
-                         loader=f"{workers} processes" + (", lean" if lean else "") if workers else "thread",
+                         loader=f"{workers} processes" + (", lean" if lean else "") + f", {loader.transport}" if workers else "thread",
+                         steady_samples_per_s=steady,
                          precision="fp32" if dtype is None else "bf16")
     if rank != 0:
         return result

@@ -118,3 +118,25 @@ def test_a_lean_step_filled_on_the_device_equals_the_full_step():
             if x is not None:
                 assert x.dtype == y.dtype and torch.equal(x, y), (view, f.name)
     assert filled.pairs == full.pairs and np.array_equal(filled.sign, full.sign)
+
+
+def test_without_room_in_shared_memory_items_come_back_through_pipes_unchanged():
+    import torch
+
+    from hir_model.train.loader import ProcessPrefetcher, ReadyStep
+    from hir_model.train.data import step_batch
+    from tests.hir_model.train.tiny import tiny_config, tiny_data
+    data, _ = tiny_data()
+    cfg = tiny_config()
+
+    def ready(key: int) -> list:
+        return [ReadyStep.of(step_batch(data, cfg, key, 0))]
+
+    with ProcessPrefetcher(ready, range(3), workers=2, via_shm=False) as p:
+        got = list(p)
+    assert p.transport == "pipe"
+    for key, [item] in zip(range(3), got):
+        [expected] = ready(key)
+        assert isinstance(item.broad.hash_codes, torch.Tensor) and isinstance(item.sign, np.ndarray)
+        assert torch.equal(item.broad.hash_codes, expected.broad.hash_codes) and torch.equal(item.narrow.depth, expected.narrow.depth)
+        assert np.array_equal(item.sign, expected.sign)

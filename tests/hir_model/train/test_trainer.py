@@ -283,14 +283,17 @@ def test_a_structural_encoding_reaches_every_view_and_the_checkpoint_still_repro
     assert not torch.allclose(blind, again, atol=1e-3)
 
 
-def test_worker_processes_train_the_same_weights_as_the_background_thread():
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_worker_processes_train_the_same_weights_as_the_background_thread(transport, monkeypatch):
+    from hir_model.train import loader
+    monkeypatch.setattr(loader, "SHM_NEEDED", 0 if transport == "shm" else 2**62)
     data, _ = tiny_data()
     cfg = tiny_config(checkpoint_every=0)
     thread = train_window(data, cfg)
     procs = train_window(data, replace(cfg, loader_workers=2))
-    assert thread.loader == "thread" and procs.loader == "2 processes, lean"
+    assert thread.loader == "thread" and procs.loader == f"2 processes, lean, {transport}"
     assert procs.weights_digest == thread.weights_digest and procs.losses == thread.losses
-    assert 0 <= procs.loader_wait_s <= procs.seconds
+    assert 0 <= procs.loader_wait_s <= procs.seconds and procs.steady_samples_per_s > 0
 
 
 def test_precision_is_float32_on_cpu_unless_asked_and_bf16_still_reproduces_the_probe(tmp_path):
