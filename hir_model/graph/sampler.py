@@ -208,8 +208,10 @@ def _alias(indptr: np.ndarray, seg: np.ndarray, log_w: np.ndarray) -> tuple[np.n
 
 @functools.cache
 def _earlier(m: int) -> np.ndarray:
-    """bool (m, m, 1): [i, j] is i < j."""
-    return np.triu(np.ones((m, m), bool), 1)[:, :, None]
+    """bool (m, m, 1), read-only (it is shared): [i, j] is i < j."""
+    out = np.triu(np.ones((m, m), bool), 1)[:, :, None]
+    out.flags.writeable = False
+    return out
 
 
 def _running(keep: np.ndarray, base: np.ndarray) -> np.ndarray:
