@@ -154,7 +154,8 @@ class GpuMeter:
         if self._prof is not None:
             self._prof.__exit__(None, None, None)
             try:
-                self.kernel_busy = kernel_busy_seconds(self._prof) / max(self.wall, 1e-9)
+                busy = kernel_busy_seconds(self._prof)
+                self.kernel_busy = None if busy is None else busy / max(self.wall, 1e-9)
             except Exception as e:  # noqa: BLE001
                 print(f"warning: reading the profiler's kernels failed ({type(e).__name__}: {e})", file=sys.stderr)
 
@@ -203,13 +204,14 @@ def _utilisation_reader(device: torch.device):
         return None, "na"
 
 
-def kernel_busy_seconds(prof) -> float:
-    """Seconds during which at least one CUDA kernel ran: the union of the profiled kernels' intervals."""
+def kernel_busy_seconds(prof) -> float | None:
+    """Seconds during which at least one CUDA kernel ran: the union of the profiled kernels' intervals (None: the
+    profiler saw no kernel, e.g. without CUPTI)."""
     spans = []
     for e in prof.profiler.kineto_results.events():
         if e.device_type() == torch.autograd.DeviceType.CUDA and e.duration_ns() > 0:
             spans.append((e.start_ns(), e.start_ns() + e.duration_ns()))
-    return union_length(spans) / 1e9
+    return union_length(spans) / 1e9 if spans else None
 
 
 def union_length(spans: list[tuple[float, float]]) -> float:
@@ -316,6 +318,7 @@ def run_chain(windows: list[Window], cfg: TrainConfig, first: int, eval_next: bo
         quality = ""
         if eval_next and w.next_events is not None:
             model, tcfg = teacher_of(out)
+            model.to(device)
             row.update(next_window_recall(model, tcfg, w.data, w.next_events))
             quality = f" next_r20_dot={row['next_r20_dot']:.4f} next_r20_prior={row['next_r20_prior']:.4f} next_users={row['next_users']}"
         rows.append(row)
