@@ -108,7 +108,6 @@ class SyntheticSource(Source):
         self._start = _us(config.start)
         self._wus = config.window_days * US_PER_DAY
         self._plan_cache: _Plan | None = None
-        self._drawn: set[int] = set()  # product indices whose image is known to be on disk
 
     @cached_property
     def world(self) -> World:
@@ -140,13 +139,24 @@ class SyntheticSource(Source):
     def image_path(self, product: int) -> Path:
         return self.data_dir / "images" / f"p{product:06d}.png"
 
+    @cached_property
+    def _drawn(self) -> np.ndarray:
+        """(n_products,) bool: the product's image is known to be on disk."""
+        return np.zeros(len(self.world.products.fs), bool)
+
     def _ensure_images(self, products: np.ndarray) -> None:
-        h, cfg = self.world.hierarchy, self.config
-        fine = self.world.products.fine
-        for i in (int(i) for i in products if int(i) not in self._drawn):
-            path = (int(h.coarse_of(fine[i])), int(h.mid_of(fine[i])), int(fine[i]))
-            synthetic_images.ensure(self.image_path(i), cfg.seed, i, cfg.image_size, path, cfg.branching)
-            self._drawn.add(i)
+        """Draw the products' images that are not on disk yet (one folder listing, not a stat per product)."""
+        products = np.asarray(products, np.int64)
+        todo = products[~self._drawn[products]]
+        if not len(todo):
+            return
+        folder = self.data_dir / "images"
+        on_disk = set(os.listdir(folder)) if folder.is_dir() else set()
+        h, cfg, fine = self.world.hierarchy, self.config, self.world.products.fine
+        for i in [i for i in todo.tolist() if f"p{i:06d}.png" not in on_disk]:  # image_path's file name
+            interest = (int(h.coarse_of(fine[i])), int(h.mid_of(fine[i])), int(fine[i]))
+            synthetic_images.ensure(self.image_path(i), cfg.seed, i, cfg.image_size, interest, cfg.branching)
+        self._drawn[todo] = True
 
     @cached_property
     def _text(self) -> dict[str, tuple[TextColumn, ...]]:

@@ -98,7 +98,7 @@ def _content_lookup(graph: Graph, content: pa.Table | None, dim: int) -> tuple[n
     node_row = np.full(graph.num_nodes, -1, np.int64)
     keep = (rows >= 0) & valid
     node_row[rows[keep]] = np.nonzero(keep)[0]
-    return np.nan_to_num(matrix), node_row
+    return np.nan_to_num(matrix, copy=False), node_row  # in place: at 550k entities a copy is another GB
 
 
 def _with_content(batch: SampledBatch, lookup: tuple[np.ndarray, np.ndarray] | None, graph: Graph | None = None,
