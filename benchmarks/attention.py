@@ -212,7 +212,7 @@ def run_case(n: int, mode: str, device: torch.device, repeats: int, rng: np.rand
     row = {"case": f"N{n}", "mode": mode, "device": device.type, "B": B, "N": n, "H": HEADS, "head_dim": HEAD_DIM}
     flex_ok = not (training and device.type == "cpu")  # no flex backward on CPU
     bias_bytes = 4 * B * HEADS * n * n
-    choice = backends.choose_backend("auto", device, training, n, bias_bytes, budget_mb * 2**20)
+    choice = backends.choose_backend("auto", device, training, n, bias_bytes, backends.dense_budget_bytes(budget_mb, device))
     why = "crossover" if "crossover" in choice.reason or "measured" in choice.reason else \
         "memory" if "budget" in choice.reason else "cpu_backward" if "backward" in choice.reason else "other"
     cases = {"dense_ms": lambda: step(dense),

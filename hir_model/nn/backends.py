@@ -35,17 +35,29 @@ log = logging.getLogger("hir")
 BLOCK = 128  # flex block size (its default)
 
 # Padded tokens per sequence at and above which "auto" takes flex for speed, per (device type, training); None = never
-# for speed (only for memory: `dense_bias_budget_mb`). From `benchmarks/attention.py` (dense timed with its per-batch
-# bias build; the figures are in docs/model.md and docs/results.md):
+# for speed (flex only for memory: `dense_budget_bytes`). From `benchmarks/attention.py`, dense timed with its per-batch
+# bias build (figures in docs/results.md):
 # - CPU: flex is 1.7x to 4x slower at every N (inference), and has no backward.
-# - CUDA (H200, torch 2.11, N = 256 / 1024 / 4096): inference dense at every N (flex 1.7x-2.4x slower); training flex
-#   from 4096 (1.13x faster there, 1.6x slower at 1024). Provisional until the GPU session's sweep to N = 16,384.
+# - CUDA (H200, torch 2.11, N = 256 to 16,384): dense is faster at every N for inference (1.2x-2.5x); for training
+#   flex wins by 4% at 4096 only, ties at 8192 and is 2.4x slower at 16,384, so dense is within 10% everywhere.
 FLEX_FROM_TOKENS: dict[tuple[str, bool], int | None] = {
     ("cpu", False): None,
     ("cpu", True): None,
     ("cuda", False): None,
-    ("cuda", True): 4096,
+    ("cuda", True): None,
 }
+CUDA_DENSE_SHARE = 1 / 16  # on CUDA the dense bias may also take this share of the device's memory (8.7 GB on an H200)
+
+
+def dense_budget_bytes(budget_mb: float, device: torch.device) -> float:
+    """The most a dense bias may take where flex could run instead: `budget_mb`, or on CUDA the larger of it and
+    CUDA_DENSE_SHARE of the device's memory (dense is the faster path there, flex the memory path)."""
+    budget = budget_mb * 2**20
+    if device.type == "cuda" and torch.cuda.is_available():
+        budget = max(budget, CUDA_DENSE_SHARE * torch.cuda.get_device_properties(device).total_memory)
+    return budget
+
+
 FLEX_DEVICES = ("cpu", "cuda")  # where flex runs at all (forward); CPU has no flex backward
 
 _flex_failure: str | None = None  # why flex is off for this process (compile failure), once it failed

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hir_model.nn.backends import BiasWorkspace, StructuredAttention, choose_backend, flex_shape
+from hir_model.nn.backends import BiasWorkspace, StructuredAttention, choose_backend, dense_budget_bytes, flex_shape
 from hir_model.nn.batch import EncoderBatch
 from hir_model.nn.bias import StructuralBias
 from hir_model.nn.config import EncoderConfig
@@ -106,7 +106,7 @@ class Encoder(nn.Module):
         training = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
         device = self.bias.type_pair.device
         choice = choose_backend(cfg.backend, device, training, N, 4 * B * cfg.heads * N * (N + n_global),
-                                cfg.dense_bias_budget_mb * 2**20)
+                                dense_budget_bytes(cfg.dense_bias_budget_mb, device))
         if choice.backend != getattr(self.last_choice, "backend", None):
             log.info("attention backend: %s (%s)", choice.backend, choice.reason)
         else:

@@ -32,7 +32,8 @@ def fresh_compile_state():
     ("auto", "cpu", False, 16, "dense", "faster at every measured length"),
     ("auto", "cpu", False, 4096, "flex", "budget"),  # too big for the dense bias: the memory path
     ("auto", "cuda", False, 16, "dense", "faster at every measured length"),
-    ("auto", "cuda", True, 16, "dense", "1024 tokens < crossover 4096"),
+    ("auto", "cuda", True, 16, "dense", "faster at every measured length"),
+    ("auto", "cuda", True, 4096, "flex", "budget"),
     ("auto", "meta", False, 16, "dense", "no flex on meta"),
     ("flex", "cpu", True, 16, "dense", "no CPU backward (config asked for flex)"),
     ("flex", "cpu", False, 16, "flex", "set in config"),
@@ -49,11 +50,15 @@ def test_auto_choice_follows_the_crossover_table(monkeypatch):
     assert choose_backend("auto", CPU, False, 512, MB, 1024 * MB).backend == "flex"
 
 
-def test_cuda_training_takes_flex_from_its_crossover():
+def test_cuda_takes_dense_at_every_length_within_the_memory_budget():
     cuda = torch.device("cuda")  # a device object only: choose_backend never touches the device
-    assert choose_backend("auto", cuda, True, 4095, MB, 1024 * MB).backend == "dense"
-    assert choose_backend("auto", cuda, True, 4096, MB, 1024 * MB).backend == "flex"
-    assert choose_backend("auto", cuda, False, 16384, MB, 1024 * MB).backend == "dense"  # inference: the memory budget only
+    for training in (False, True):
+        assert choose_backend("auto", cuda, training, 16384, MB, 1024 * MB).backend == "dense"
+        assert choose_backend("auto", cuda, training, 16384, 2048 * MB, 1024 * MB).backend == "flex"
+
+
+def test_dense_budget_is_the_config_on_cpu():
+    assert backends.dense_budget_bytes(1024, CPU) == 1024 * MB
 
 
 def test_flex_shapes_are_powers_of_two():
