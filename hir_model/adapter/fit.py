@@ -49,8 +49,8 @@ WEIGHTS_FILE, CONFIG_FILE = "adapter.pt", "adapter.json"
 
 @dataclass(frozen=True)
 class AdapterConfig:
-    rank: int = 16  # r of each side's low-rank update (32 measured the same on MovieLens)
-    steps: int = 100  # AdamW steps, one batch each (200 measured no better; ~0.5 s on MovieLens, 1 thread)
+    rank: int = 16  # r of each side's low-rank update (a larger r gained nothing on MovieLens)
+    steps: int = 100  # AdamW steps, one batch each (more gained nothing on MovieLens)
     batch_size: int = 256  # pairs per step; the batch's other items are the negatives
     lr: float = 5e-3  # constant: few steps, and weight decay holds the map near the identity
     weight_decay: float = 1e-2  # pulls `up` (and `down`) towards 0, i.e. the adapter towards the base embeddings
@@ -58,7 +58,7 @@ class AdapterConfig:
     k: int = 20  # Recall@K of the gain
     seed: int = 0  # init, batches and the ranking's tie order
     threads: int = 1  # torch threads while fitting: (256, 64) matmuls gain nothing from more, and on a busy 2-core
-    # machine 2 threads made a 0.25 s fit take 6-18 s (spinning intra-op threads); 0 keeps torch's setting
+    # machine spinning intra-op threads made a fit many times slower; 0 keeps torch's setting
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.steps < 1 or self.batch_size < 2 or self.temp <= 0:

@@ -33,7 +33,7 @@ class TextEncoderConfig:
     model: str = ""  # a local folder, or a model name already in the local HF cache; "" = the packaged all-MiniLM-L6-v2
     max_length: int = 128  # tokens per text; longer texts are truncated
     batch_size: int = 64  # texts per forward pass (sorted by length, so padding stays small)
-    dtype: str = "float32"  # "bfloat16" is about 2x faster on CPUs with AMX / AVX512-BF16 (cosine to fp32 > 0.99)
+    dtype: str = "float32"  # "bfloat16": faster on CPUs with AMX / AVX512-BF16, the same neighbours (docs/results.md)
 
 
 def packaged_model_dir() -> Path:

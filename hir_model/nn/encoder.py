@@ -62,8 +62,8 @@ class Block(nn.Module):
         self.ln1.reset_parameters()
         self.ln2.reset_parameters()
         # nanoGPT's std 0.02 is ~1/sqrt(768) for GPT-2's width; at width 64 it leaves attention near-uniform and the
-        # values near zero, so a seed barely reads its neighbourhood and contrastive training collapses (measured:
-        # InfoNCE stuck at chance). Scale by 1/sqrt(width) instead, residual projections down by sqrt(2 * layers).
+        # values near zero, so a seed barely reads its neighbourhood and contrastive training collapses (InfoNCE stays
+        # at chance; docs/decisions.md). Scale by 1/sqrt(width) instead, residual projections down by sqrt(2 * layers).
         std = self.cfg.width ** -0.5
         for lin in (self.attn.qkv, self.attn.proj, self.mlp[0], self.mlp[2]):
             residual = lin is self.attn.proj or lin is self.mlp[2]
@@ -84,12 +84,11 @@ class Encoder(nn.Module):
         self.autocast_dtype: torch.dtype | None = None  # e.g. torch.bfloat16: embedding and layers under autocast, the
         # readout in float32 (set by the trainer, TrainConfig.precision; not state, not saved); None: float32 throughout
         # (node types, W): the mean readout of each seed type, subtracted before the unit norm. A fresh encoder maps
-        # every node near one direction (shared type vectors, the MLPs' GELU offsets, anonymous KG neighbours: MovieLens
-        # readouts had mean cosine 0.95), so no prototype could tell nodes apart; training sets it from the data on a
-        # fresh start (a data-dependent initialisation) and keeps it current; it travels with the weights. Per type,
-        # not one shared mean: with one, users and products kept apart along a type direction, and the balanced
-        # coarse level could split by type instead of by interest (synthetic seed 3: users on 2 of the 4 coarse
-        # prototypes, every product on the other 2, coarse NMI 0.18).
+        # every node near one direction (shared type vectors, the MLPs' GELU offsets, anonymous KG neighbours), so no
+        # prototype could tell nodes apart; training sets it from the data on a fresh start (a data-dependent
+        # initialisation) and keeps it current; it travels with the weights. Per type, not one shared mean: with one,
+        # users and products kept apart along a type direction and the balanced coarse level split by type instead of
+        # by interest (docs/decisions.md).
         self.register_buffer("out_mean", torch.zeros(cfg.node_types, cfg.width))
         self.reset_parameters()
 

@@ -53,8 +53,7 @@ class TrainConfig:
     student_temp: float = 0.1  # softmax temperature of the student's prototype scores
     init_prototypes: bool = True  # k-means the prototypes on a fresh start; refine them (refine_iters) on a warm start
     cold_share: float = 0.0  # share of engageable seeds whose student (narrow) view is their own token only (DropoutNet-style
-    # cold-start training; off: at 0.25 the synthetic items crowded onto 30 of 52 primitives and BoM recall@100 at a tenth
-    # of the catalogue fell from 0.945 to 0.837, benchmarks/retrieval.py)
+    # cold-start training; off: items crowded onto few primitives and BoM recall fell, docs/decisions.md)
     refine_iters: int = 10  # warm start: spherical k-means steps moving each level's prototypes to its centroids (0: they stay as trained)
     prototype_restarts: int = 4  # warm start: fresh spherical k-means runs per level, one taken over the refined prototypes
     # only where it fits the teacher's embeddings better by more than restart_gain (hir_model.train.prototypes.restarted;

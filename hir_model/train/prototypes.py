@@ -117,8 +117,8 @@ def restarted(z: np.ndarray, prototypes: np.ndarray, cfg: TrainConfig, level: in
 
 
 # A warm start's refined prototypes are kept unless, fed back as global tokens, they leave the teacher's assignments
-# with less than this share of the usage entropy the previous prototypes had (MovieLens 1998-04-12: 0.75 -> 0.0, every
-# node on one prototype at every level, and the window ended collapsed; not refining, 0.84 after a step)
+# with less than this share of the usage entropy the previous prototypes had (a refinement can put every node on one
+# prototype at every level and the window ends collapsed; docs/decisions.md)
 REFINE_KEEP = 0.5
 
 
