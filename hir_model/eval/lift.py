@@ -50,6 +50,11 @@ class PairFeatures:
     names: tuple[str, ...]  # (F,)
     y: np.ndarray  # (P,) bool: the pair converted in t+1
 
+    def take(self, rows: np.ndarray) -> PairFeatures:
+        """The pairs `rows` (P',)."""
+        return PairFeatures(self.user_ids[rows], self.item_ids[rows], self.user_index[rows], self.item_index[rows],
+                            self.X[rows], self.names, self.y[rows])
+
 
 @dataclass(frozen=True)
 class ModelScore:
@@ -67,6 +72,8 @@ class LiftResult:
     base: ModelScore
     extended: ModelScore | None  # None without an extra block
     note: str = ""  # why a number is missing
+    users: int | None = None  # users of the pairs fitted on when a sample of them (None: every user of t+1's pairs)
+    judged_users: int | None = None  # users of t+1's pairs the sample was drawn from (None: not sampled)
 
     @property
     def auc_lift(self) -> float:

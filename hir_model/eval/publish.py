@@ -110,17 +110,18 @@ def from_tables(metrics: pa.Table, summary: pa.Table) -> tuple[WindowEvaluation,
     for i in range(metrics.num_rows):
         key = (cols["method"][i], cols["users"][i], cols["items"][i], cols["target"][i])
         entry = slices.setdefault(key, {"n_users": cols["n_users"][i], "n_targets": cols["n_targets"][i],
-                                        "candidates": cols["candidates"][i], "recall": {}, "ndcg": {}})
+                                        "candidates": cols["candidates"][i], "recall": {}, "ndcg": {},
+                                        "judged": cols["judged_users"][i] if "judged_users" in cols else None})
         name, k = cols["metric"][i].split("@")
         entry[name][int(k)] = _nan(cols["value"][i])
-    results = tuple(SliceResult(m, u, it, t, e["candidates"], RankingMetrics(e["n_users"], e["n_targets"], e["recall"], e["ndcg"]))
-                    for (m, u, it, t), e in slices.items())
+    results = tuple(SliceResult(m, u, it, t, e["candidates"], RankingMetrics(e["n_users"], e["n_targets"], e["recall"], e["ndcg"]),
+                                judged=None if e["judged"] == e["n_users"] else e["judged"]) for (m, u, it, t), e in slices.items())
     lift = None
     if s.get("lift"):
         lf = s["lift"]
         score = lambda d: None if d is None else ModelScore(_nan(d["auc"]), _nan(d["log_loss"]))  # noqa: E731
         lift = LiftResult(lf["n_train"], lf["n_test"], lf["positives_train"], lf["positives_test"], tuple(lf["extra_names"]),
-                          score(lf["base"]), score(lf["extended"]), lf.get("note", ""))
+                          score(lf["base"]), score(lf["extended"]), lf.get("note", ""), lf.get("users"), lf.get("judged_users"))
     ev = WindowEvaluation(s["window"], s["next_window"], SplitCounts(**s["counts"]), s["content_source"], results,
                           tuple(MethodTiming(**t) for t in s["timings"]), lift, tuple(s["methods"]))
     return ev, s.get("extras", {})

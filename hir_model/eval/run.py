@@ -14,7 +14,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -27,7 +27,7 @@ from hir_model.data.windows import Window, WindowSpec
 from hir_model.eval.lift import LiftConfig, LiftResult, PairFeatures, conversion_lift, pair_features
 from hir_model.eval.text_vectors import TextVectorConfig, entity_text, text_vectors
 from hir_model.protocol.method import Method
-from hir_model.protocol.metrics import RankingMetrics, ranking_metrics
+from hir_model.protocol.metrics import Ragged, RankingMetrics, ranking_metrics
 from hir_model.protocol.split import (CATALOG_COLUMNS, EVENT_COLUMNS, ITEM_GROUPS, TARGET_KINDS, ItemSpace, SplitConfig,
                                       SplitCounts, WindowSplit, build_split, warm_queries)
 
@@ -47,8 +47,12 @@ class EvalConfig:
     text: TextVectorConfig = TextVectorConfig()
     lift: LiftConfig = LiftConfig()
     lift_method: str | None = "mf_als"  # whose warm-user pair score is the extra lift block (the asset: "hir")
-    score_batch: int = 1024  # queries scored at once
-    seed: int = 0  # of the candidates' tie-break order (shared by every method)
+    score_batch: int = 1024  # queries scored at once (fewer when a block would pass score_cells)
+    score_cells: int = 64_000_000  # queries x items scored at once (256 MB of float32 scores)
+    # judged users per slice (and users of the lift's pairs) above which a fixed, seeded sample of this many is
+    # evaluated; larger than any window of MovieLens or the `small` synthetic preset (4,200 users), so those are never sampled
+    max_users: int = 5_000
+    seed: int = 0  # of the candidates' tie-break order (shared by every method) and of the user samples
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,10 @@ class SliceResult:
     items: str  # "known" (known by end(t)) | "new" (first seen in t+1)
     target: str  # "deep_funnel" | "engagement"
     candidates: int  # items ranked for every user of the slice (the whole item group)
-    metrics: RankingMetrics
+    metrics: RankingMetrics  # over metrics.n_users users: all judged users, or a seeded sample of max_users of them
     # (metrics.n_users,) object: the user behind each of metrics.per_user's values (None when read back without them)
     user_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
+    judged: int | None = field(default=None, compare=False)  # users with a target before sampling (None: metrics.n_users)
 
 
 @dataclass(frozen=True)
@@ -84,10 +89,11 @@ class WindowEvaluation:
     def to_table(self) -> pa.Table:
         """One row per (method, slice, metric): what the `window_evaluation` asset can publish as Parquet."""
         rows = [(self.window, self.next_window, r.method, r.users, r.items, r.target, name, value, r.metrics.n_users,
-                 r.metrics.n_targets, r.candidates) for r in self.results for name, value in r.metrics.as_dict().items()]
+                 r.metrics.n_targets, r.candidates, r.metrics.n_users if r.judged is None else r.judged)
+                for r in self.results for name, value in r.metrics.as_dict().items()]
         names = ["window", "next_window", "method", "users", "items", "target", "metric", "value", "n_users", "n_targets",
-                 "candidates"]
-        types = [pa.string()] * 7 + [pa.float64(), pa.int64(), pa.int64(), pa.int64()]
+                 "candidates", "judged_users"]  # n_users < judged_users: the slice's metrics are over a sample
+        types = [pa.string()] * 7 + [pa.float64(), pa.int64(), pa.int64(), pa.int64(), pa.int64()]
         return pa.table([pa.array([r[i] for r in rows], t) for i, t in enumerate(types)], names=names)
 
     def to_user_table(self, metrics: tuple[str, ...] | None = USER_METRICS) -> pa.Table:
@@ -210,45 +216,114 @@ def load_split(reader: TableReader, spec: WindowSpec, window: Window, next_windo
     return split, _within(next_events, next_window)
 
 
-def _score(method: Method, queries, items: ItemSpace, batch: int) -> np.ndarray:
-    parts = [method.score(queries.take(np.arange(lo, min(lo + batch, len(queries)))), items)
-             for lo in range(0, len(queries), batch)]
-    return np.vstack(parts) if parts else np.zeros((0, len(items)), np.float32)
+def _blocks(n: int, n_items: int, config: EvalConfig) -> list[tuple[int, int]]:
+    """[lo, hi) query blocks of score_batch rows, fewer where a block would pass score_cells."""
+    batch = max(1, min(config.score_batch, config.score_cells // max(n_items, 1)))
+    return [(lo, min(lo + batch, n)) for lo in range(0, n, batch)]
 
 
 def _tie_order(key: str, n: int, seed: int) -> np.ndarray:
     return np.random.default_rng([seed, zlib.crc32(key.encode()), n]).permutation(n)
 
 
+def _priority(user_ids: np.ndarray, key: str, seed: int) -> np.ndarray:
+    """(U,) uint32 a user's fixed place in the window's samples: a seeded hash of the id (the same for every method,
+    slice and run); a sample of k is the k lowest, so samples of nested populations are nested."""
+    salt = zlib.crc32(f"{seed}:{key}".encode())
+    return np.fromiter((zlib.crc32(str(u).encode(), salt) for u in user_ids), np.uint32, len(user_ids))
+
+
+def sample_rows(rows: np.ndarray, priority: np.ndarray, cap: int) -> np.ndarray:
+    """`rows` (ascending) when at most `cap`, else the `cap` of them with the lowest priority[rows], ascending."""
+    if len(rows) <= cap:
+        return rows
+    return np.sort(rows[np.argsort(priority[rows], kind="stable")[:cap]])
+
+
+def merge_metrics(parts: Sequence[RankingMetrics], offsets: Sequence[int]) -> RankingMetrics:
+    """One RankingMetrics of consecutive row blocks (block i's rows start at offsets[i]): the per-user values in
+    order and their means, as ranking_metrics over the stacked blocks would give them."""
+    per_user = {name: np.concatenate([p.per_user[name] for p in parts]) for name in parts[0].per_user}
+    rows = np.concatenate([p.rows + o for p, o in zip(parts, offsets)])
+    recall = {k: float(np.mean(per_user[f"recall@{k}"])) for k in parts[0].recall}
+    ndcg = {k: float(np.mean(per_user[f"ndcg@{k}"])) for k in parts[0].ndcg}
+    return RankingMetrics(sum(p.n_users for p in parts), sum(p.n_targets for p in parts), recall, ndcg, per_user, rows)
+
+
+@dataclass(frozen=True)
+class _Slice:
+    items: str
+    target: str
+    lo: int
+    hi: int
+    targets: Ragged  # (judged rows) the slice's targets, columns within [lo, hi)
+    exclude: Ragged  # (judged rows) the context within [lo, hi)
+    rows: np.ndarray  # (n,) the group's query rows evaluated (ascending): every judged row, or a sample of them
+    judged: int  # rows with a target before sampling
+
+
+def _slices(split: WindowSplit, group, config: EvalConfig) -> list[_Slice]:
+    """The group's slices with at least one judged user, each with its (sampled) rows."""
+    out, priority = [], None
+    for items in ITEM_GROUPS:
+        lo, hi = split.items.group(items)
+        if hi == lo or len(group.queries) == 0:
+            continue
+        exclude = group.queries.context.within(lo, hi)
+        for target in TARGET_KINDS:
+            tg = group.targets(target).within(lo, hi)
+            judged = np.flatnonzero(tg.sizes > 0)
+            if len(judged) == 0:
+                continue
+            if len(judged) > config.max_users and priority is None:
+                priority = _priority(group.queries.user_ids, split.window, config.seed)
+            rows = sample_rows(judged, priority, config.max_users) if len(judged) > config.max_users else judged
+            out.append(_Slice(items, target, lo, hi, tg.take(rows), exclude.take(rows), rows, len(judged)))
+    return out
+
+
 def evaluate_split(split: WindowSplit, methods: Sequence[Method], config: EvalConfig = EvalConfig()
                    ) -> tuple[tuple[SliceResult, ...], tuple[MethodTiming, ...]]:
-    """Fit every method on the split's train set, score warm and cold users, compute every slice's metrics."""
+    """Fit every method on the split's train set, score warm and cold users, compute every slice's metrics.
+
+    Queries are scored in blocks and each block is ranked at once, so no users x items matrix is ever held. A slice
+    with more than `max_users` judged users is evaluated on a seeded sample of that many (SliceResult.judged says of
+    how many); only users some slice evaluates are scored. Without sampling the blocks are today's batches of every
+    query of the group, so the values are those of scoring the whole matrix."""
     results, timings = [], []
     known_items = split.items.known()
     ties = {g: _tie_order(f"{split.window}:{g}", hi - lo, config.seed) for g in ITEM_GROUPS
             for lo, hi in [split.items.group(g)]}
+    plans = [(group, _slices(split, group, config)) for group in (split.warm, split.cold)]
     for method in methods:
         t0 = time.perf_counter()
         method.fit(split.train, known_items)
-        t1 = time.perf_counter()
-        scores = {g.name: _score(method, g.queries, split.items, config.score_batch) for g in (split.warm, split.cold)}
-        t2 = time.perf_counter()
-        for group in (split.warm, split.cold):
-            for items in ITEM_GROUPS:
-                lo, hi = split.items.group(items)
-                if hi == lo or len(group.queries) == 0:
-                    continue
-                exclude = group.queries.context.within(lo, hi)
-                for target in TARGET_KINDS:
-                    tg = group.targets(target).within(lo, hi)
-                    rows = np.flatnonzero(tg.sizes > 0)
-                    if len(rows) == 0:
+        fit_s, score_s = time.perf_counter() - t0, 0.0
+        for group, slices in plans:
+            if not slices:
+                continue
+            sampled = any(len(sl.rows) < sl.judged for sl in slices)
+            scored = (np.unique(np.concatenate([sl.rows for sl in slices])) if sampled
+                      else np.arange(len(group.queries)))  # (S,) ascending query rows
+            parts: list[list[tuple[RankingMetrics, int]]] = [[] for _ in slices]
+            for a, b in _blocks(len(scored), len(split.items), config):
+                t1 = time.perf_counter()
+                block = method.score(group.queries.take(scored[a:b]), split.items)  # (b - a, N)
+                score_s += time.perf_counter() - t1
+                for sl, part in zip(slices, parts):
+                    first, last = np.searchsorted(sl.rows, [scored[a], scored[b - 1] + 1])
+                    if first == last:
                         continue
-                    m = ranking_metrics(scores[group.name][rows, lo:hi], tg.take(rows), exclude.take(rows),
-                                        config.recall_ks, config.ndcg_ks, ties[items])
-                    results.append(SliceResult(method.name, group.name, items, target, hi - lo, m,
-                                               group.queries.user_ids[rows[m.rows]]))
-        timings.append(MethodTiming(method.name, round(t1 - t0, 4), round(t2 - t1, 4)))
+                    at = np.searchsorted(scored[a:b], sl.rows[first:last])  # their rows of the block
+                    take = np.arange(first, last)
+                    m = ranking_metrics(block[at, sl.lo:sl.hi], sl.targets.take(take), sl.exclude.take(take),
+                                        config.recall_ks, config.ndcg_ks, ties[sl.items])
+                    part.append((m, int(first)))
+            for sl, part in zip(slices, parts):
+                m = merge_metrics([p for p, _ in part], [o for _, o in part])
+                results.append(SliceResult(method.name, group.name, sl.items, sl.target, sl.hi - sl.lo, m,
+                                           group.queries.user_ids[sl.rows[m.rows]], sl.judged))
+        timings.append(MethodTiming(method.name, round(fit_s, 4), round(score_s, 4)))
     return tuple(results), tuple(timings)
 
 
@@ -257,8 +332,17 @@ LiftFeatures = Callable[[PairFeatures], tuple[np.ndarray, tuple[str, ...]]]  # (
 
 def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], config: EvalConfig,
           lift_features: LiftFeatures | None = None) -> LiftResult:
-    """Base features vs base + the extra block: `lift_method`'s warm-user pair score and `lift_features`' columns."""
+    """Base features vs base + the extra block: `lift_method`'s warm-user pair score and `lift_features`' columns.
+
+    With more than `max_users` users in t+1's pairs, the pairs of a seeded sample of that many users (LiftResult.users
+    says of how many); the pair scores come from user blocks, one pair column kept of each row."""
     pairs = pair_features(split, next_events, config.split, config.lift)
+    users_all = np.unique(pairs.user_ids)
+    sampled = len(users_all) > config.max_users
+    if sampled:
+        keep_users = users_all[sample_rows(np.arange(len(users_all)),
+                                           _priority(users_all, split.window, config.seed), config.max_users)]
+        pairs = pairs.take(np.flatnonzero(np.isin(pairs.user_ids, keep_users)))
     blocks, names = [], []
     chosen = [m for m in methods if m.name == config.lift_method]
     if chosen:
@@ -267,8 +351,15 @@ def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], 
         score = np.zeros(len(pairs.y))
         users, inverse = np.unique(pairs.user_index[warm], return_inverse=True)
         if len(users):  # the method's score of the pair from the user's history only (nothing of t+1)
-            s = _score(chosen[0], warm_queries(split.train, users), split.items, config.score_batch)
-            score[warm] = s[inverse, pairs.item_index[warm]]
+            queries, pair_rows, pair_items = warm_queries(split.train, users), np.flatnonzero(warm), pairs.item_index[warm]
+            order = np.argsort(inverse, kind="stable")  # the warm pairs grouped by user block
+            bounds = np.searchsorted(inverse[order], [b for _, b in _blocks(len(users), len(split.items), config)])
+            start = 0
+            for (a, b), stop in zip(_blocks(len(users), len(split.items), config), bounds):
+                s = chosen[0].score(queries.take(np.arange(a, b)), split.items)  # (b - a, N)
+                at = order[start:stop]
+                score[pair_rows[at]] = s[inverse[at] - a, pair_items[at]]
+                start = stop
         blocks.append(np.column_stack([np.where(warm & known, score, 0.0), (warm & known).astype(float)]))
         names += [f"{chosen[0].name}_score", f"{chosen[0].name}_scored"]
     if lift_features is not None:
@@ -276,8 +367,10 @@ def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], 
         blocks.append(np.asarray(extra, np.float64).reshape(len(pairs.y), -1))
         names += list(extra_names)
     if not blocks:
-        return conversion_lift(pairs, config=config.lift)
-    return conversion_lift(pairs, np.hstack(blocks), tuple(names), config.lift)
+        result = conversion_lift(pairs, config=config.lift)
+    else:
+        result = conversion_lift(pairs, np.hstack(blocks), tuple(names), config.lift)
+    return replace(result, users=len(np.unique(pairs.user_ids)), judged_users=len(users_all)) if sampled else result
 
 
 def evaluate_window(store, spec: WindowSpec, key: str, methods: Sequence[Method], config: EvalConfig = EvalConfig(),
