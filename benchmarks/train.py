@@ -61,7 +61,7 @@ from hir_model.graph.types import NODE_TYPES  # noqa: E402
 from hir_model.graph.window import to_us  # noqa: E402
 from hir_model.train.checkpoint import load_checkpoint  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
-from hir_model.train.config import TrainConfig, parse_overrides, with_overrides  # noqa: E402
+from hir_model.train.config import TrainConfig, parse_overrides, set_fields, with_overrides  # noqa: E402
 from hir_model.eval.text_vectors import stand_in_table  # noqa: E402
 from hir_model.train.window_data import window_train_data  # noqa: E402
 from hir_model.storage import PartitionStore  # noqa: E402
@@ -280,7 +280,7 @@ def next_window_recall(model: HIRModel, cfg: TrainConfig, data: TrainData, event
     glob = model.global_tokens()
     zu = embed_nodes(model, glob, data, users, cfg).double().numpy()  # (U, W)
     zf = embed_nodes(model, glob, data, films, cfg).double().numpy()  # (F, W)
-    prior = cfg.engagement_temp * np.log(np.maximum(g.strength_until(data.cutoff_us)[films], 1e-12))  # (F,)
+    prior = cfg.objective.engagement_temp * np.log(np.maximum(g.strength_until(data.cutoff_us)[films], 1e-12))  # (F,)
     out = {}
     for name, scores in (("next_r20_dot", zu @ zf.T), ("next_r20_prior", zu @ zf.T + prior[None, :])):
         scores = np.where(seen, -np.inf, scores)
@@ -314,7 +314,7 @@ def run_chain(windows: list[Window], cfg: TrainConfig, first: int, eval_next: bo
             call = time.perf_counter() - t0
         prev = out
         row = {"seconds": r.seconds, "samples_per_s": r.samples_per_s, "steps": r.window_steps,
-               "samples": (cfg.batch_size + 2 * cfg.pair_batch) * r.window_steps}
+               "samples": (cfg.budget.batch_size + 2 * cfg.budget.pair_batch) * r.window_steps}
         quality = ""
         if eval_next and w.next_events is not None:
             model, tcfg = teacher_of(out)
@@ -334,7 +334,7 @@ def throughput(windows: list[Window], cfg: TrainConfig, cases: list[str], index:
         try:
             overrides = parse_overrides(case.split())
             profile = bool(overrides.pop("profile", False))
-            c = with_overrides(replace(cfg, held_out_batches=0), overrides)
+            c = with_overrides(set_fields(cfg, held_out_batches=0), overrides)
             with GpuMeter(device, profile) as meter:
                 t0 = time.perf_counter()
                 r = train_window(data, c)
@@ -345,7 +345,7 @@ def throughput(windows: list[Window], cfg: TrainConfig, cases: list[str], index:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             continue
-        print(f"case=throughput set={case.replace(' ', ',')} batch={c.batch_size} pair_batch={c.pair_batch} shards={c.shards} "
+        print(f"case=throughput set={case.replace(' ', ',')} batch={c.budget.batch_size} pair_batch={c.budget.pair_batch} shards={c.runtime.shards} "
               f"steps={r.window_steps} {timing_fields(r, call)}{meter.fields()} call_s={call:.2f} last_loss={r.losses[-1]:.3f}",
               flush=True)
 
@@ -377,11 +377,11 @@ def main() -> None:
     print(f"case=setup torch={torch.__version__} device={device.type}{gpu} cores={os.cpu_count()} threads={args.threads}", flush=True)
     source = source_of(args.source)
     # the demo's settings for this source: hir.toml [train] and [train.<source>]
-    cfg = with_overrides(TrainConfig(global_tokens=not args.no_global_tokens), load_config(env={"HIR_SOURCE": args.source}).train)
+    cfg = with_overrides(set_fields(TrainConfig(), global_tokens=not args.no_global_tokens), load_config(env={"HIR_SOURCE": args.source}).train)
     if args.levels:
-        cfg = replace(cfg, levels=tuple(int(k) for k in args.levels.split(",")))
+        cfg = set_fields(cfg, levels=tuple(int(k) for k in args.levels.split(",")))
     if args.steps or args.quick:
-        cfg = replace(cfg, steps=args.steps or 10)
+        cfg = set_fields(cfg, steps=args.steps or 10)
     cfg = with_overrides(cfg, parse_overrides(args.set))
     n_windows = args.windows or (args.window_index + 1 if args.throughput else 2 if args.quick else 6)
     t0 = time.perf_counter()
@@ -403,10 +403,10 @@ def main() -> None:
                   f"evaluated={len(last)}", flush=True)
         return
     rows, last = run_chain(windows, cfg, args.first, args.eval_next and args.source == "movielens", device)
-    line = (f"case=summary source={args.source} windows={len(rows)} steps={cfg.steps} epochs={cfg.epochs} "
-            f"pair_batch={cfg.pair_batch} shared_negatives={cfg.shared_negatives} replay_share={cfg.replay_share} "
+    line = (f"case=summary source={args.source} windows={len(rows)} steps={cfg.budget.steps} epochs={cfg.budget.epochs} "
+            f"pair_batch={cfg.budget.pair_batch} shared_negatives={cfg.budget.shared_negatives} replay_share={cfg.budget.replay_share} "
             f"id_table_rows={cfg.encoder.id_table_rows} mean_steps_per_window={np.mean([r['steps'] for r in rows]):.1f} "
-            f"batch={cfg.batch_size} global_tokens={cfg.global_tokens} content={not args.no_content} "
+            f"batch={cfg.budget.batch_size} global_tokens={cfg.prototypes.global_tokens} content={not args.no_content} "
             f"mean_seconds_per_window={np.mean([r['seconds'] for r in rows]):.2f} "
             f"mean_samples_per_s={np.mean([r['samples_per_s'] for r in rows]):.1f}")
     if args.source == "synthetic":

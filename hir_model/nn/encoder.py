@@ -82,7 +82,7 @@ class Encoder(nn.Module):
         self.last_choice = None  # the backend choice of the latest forward (hir_model.nn.backends.Choice)
         self.workspace = BiasWorkspace()  # the dense bias buffer reused across no-grad batches (not state)
         self.autocast_dtype: torch.dtype | None = None  # e.g. torch.bfloat16: embedding and layers under autocast, the
-        # readout in float32 (set by the trainer, TrainConfig.precision; not state, not saved); None: float32 throughout
+        # readout in float32 (set by the trainer, TrainConfig.runtime.precision; not state, not saved); None: float32 throughout
         # (node types, W): the mean readout of each seed type, subtracted before the unit norm. A fresh encoder maps
         # every node near one direction (shared type vectors, the MLPs' GELU offsets, anonymous KG neighbours), so no
         # prototype could tell nodes apart; training sets it from the data on a fresh start (a data-dependent

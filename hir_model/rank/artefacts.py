@@ -60,4 +60,5 @@ def load_artefacts(store, key: str, end_us: int) -> WindowArtefacts:
 def trained_prior_scale(extra: dict) -> float:
     """The engagement temperature a checkpoint trained with (its `extra["train_config"]`; 0 when none is recorded): the
     scale that puts the item prior in the units of its scores (hir_model.rank.state.fit_head)."""
-    return float((extra or {}).get("train_config", {}).get("engagement_temp", 0.0))
+    train = (extra or {}).get("train_config", {})
+    return float(train.get("objective", train).get("engagement_temp", 0.0))  # grouped, or the flat dict of older hir

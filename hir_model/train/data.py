@@ -175,7 +175,7 @@ def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
 
 @dataclass(frozen=True)
 class PairBatch:
-    """A step's pair batch (cfg.pair_batch): Q pairs and M shared negatives, encoded on the student's narrow view only.
+    """A step's pair batch (cfg.budget.pair_batch): Q pairs and M shared negatives, encoded on the student's narrow view only.
     Their sequences follow the B distillation seeds in StepBatch.narrow: users [B, B+Q), entities [B+Q, B+2Q),
     negatives [B+2Q, B+2Q+M)."""
     sign: np.ndarray  # int64 [Q] +1 positive, -1 explicit negative
@@ -193,7 +193,7 @@ class StepBatch:
     broad: SampledBatch  # the teacher's view of the B seeds
     pairs: int  # P: seeds[:P] are users, seeds[P:2P] their entities
     sign: np.ndarray  # int64 [P]
-    log_q: np.ndarray | None = None  # float64 [2, P] log draw probability of each pair's user and entity (cfg.logq_correction)
+    log_q: np.ndarray | None = None  # float64 [2, P] log draw probability of each pair's user and entity (cfg.objective.logq_correction)
     pair_batch: PairBatch | None = None
 
     @property
@@ -205,12 +205,12 @@ class StepBatch:
 def pair_order(data: TrainData, cfg: TrainConfig, window_seed: int, steps: int) -> np.ndarray:
     """int64 [steps, window pairs per step]: which of the window's pairs each step's pair batch takes, the window's
     pairs in a fresh seeded permutation every epoch (every pair once per epoch)."""
-    per_step = cfg.pair_batch - cfg.replay_pairs
+    per_step = cfg.budget.pair_batch - cfg.budget.replay_pairs
     n = len(data.pair_user)
     if not n or not per_step:
         return np.zeros((steps, 0), np.int64)
     epochs = -(-steps * per_step // n)
-    order = np.concatenate([np.random.default_rng([cfg.seed, window_seed, e]).permutation(n) for e in range(epochs)])
+    order = np.concatenate([np.random.default_rng([cfg.runtime.seed, window_seed, e]).permutation(n) for e in range(epochs)])
     return order[: steps * per_step].reshape(steps, per_step)
 
 
@@ -218,7 +218,7 @@ def pair_batch_nodes(data: TrainData, cfg: TrainConfig, own: np.ndarray, rng: np
                      shard: int) -> tuple[np.ndarray, PairBatch]:
     """The nodes (int64 [2Q + M]: users, entities, negatives) and PairBatch of shard `shard` of a step whose window
     pairs are `own` (indices into the window's pairs, all shards'); replayed pairs and negatives drawn from `rng`."""
-    shards, rep = cfg.shards, cfg.replay_pairs
+    shards, rep = cfg.runtime.shards, cfg.budget.replay_pairs
     own = np.array_split(np.asarray(own, np.int64), shards)[shard]
     ru, re, rp = data.replay
     k = rep // shards + (shard < rep % shards) if len(ru) else 0
@@ -228,11 +228,11 @@ def pair_batch_nodes(data: TrainData, cfg: TrainConfig, own: np.ndarray, rng: np
     sign = np.concatenate([data.pair_sign[own], np.ones(k, np.int64)])
     p = data.pair_prob
     weight = np.concatenate([p[own] * len(p) if len(p) else np.zeros(0), np.ones(k)]).astype(np.float32)
-    log_u, log_e = data.stream_log_q(cfg.replay_share) if cfg.logq_correction else (None, None)
-    m = cfg.shared_negatives // shards
+    log_u, log_e = data.stream_log_q(cfg.budget.replay_share) if cfg.objective.logq_correction else (None, None)
+    m = cfg.budget.shared_negatives // shards
     negs = np.zeros(0, np.int64)
     if m and len(users):
-        q_e = np.exp(data.stream_log_q(cfg.replay_share)[1])  # (N,)
+        q_e = np.exp(data.stream_log_q(cfg.budget.replay_share)[1])  # (N,)
         negs = rng.choice(len(q_e), size=m, p=q_e / q_e.sum())
     batch = PairBatch(sign, weight, None if log_u is None else np.stack([log_u[users], log_e[entities]]), len(negs),
                       None if log_e is None else log_e[negs], entities[:, None] == negs[None, :])
@@ -240,32 +240,32 @@ def pair_batch_nodes(data: TrainData, cfg: TrainConfig, own: np.ndarray, rng: np
 
 
 def step_batch(data: TrainData, cfg: TrainConfig, step: int, shard: int, own_pairs: np.ndarray | None = None) -> StepBatch:
-    """Shard `shard` of step `step`: the same on any rank or process (rng from (seed, step, shard)). With cfg.pair_batch,
+    """Shard `shard` of step `step`: the same on any rank or process (rng from (seed, step, shard)). With cfg.budget.pair_batch,
     `own_pairs` (a row of pair_order, or None: drawn by pair_prob) are the window pairs of the step's pair batch."""
-    rng = np.random.default_rng([cfg.seed, step, shard])
-    b = cfg.batch_size // cfg.shards
-    p = int(b * cfg.pair_share) // 2 if len(data.pair_user) else 0  # pair_share of the seeds come from pairs (P users + P entities)
+    rng = np.random.default_rng([cfg.runtime.seed, step, shard])
+    b = cfg.budget.batch_size // cfg.runtime.shards
+    p = int(b * cfg.budget.pair_share) // 2 if len(data.pair_user) else 0  # pair_share of the seeds come from pairs (P users + P entities)
     idx = rng.choice(len(data.pair_user), size=p, p=data.pair_prob) if p else np.zeros(0, np.int64)
     rest = rng.choice(data.active, size=b - 2 * p, replace=len(data.active) < b - 2 * p)
     seeds = np.concatenate([data.pair_user[idx], data.pair_entity[idx], rest]).astype(np.int64)
     pb, student_seeds = None, seeds
-    if cfg.pair_batch and len(data.pair_user):
+    if cfg.budget.pair_batch and len(data.pair_user):
         if own_pairs is None:  # no epoch order given (held-out batches): the window's share drawn by pair_prob
-            own_pairs = rng.choice(len(data.pair_user), size=cfg.pair_batch - cfg.replay_pairs, p=data.pair_prob)
+            own_pairs = rng.choice(len(data.pair_user), size=cfg.budget.pair_batch - cfg.budget.replay_pairs, p=data.pair_prob)
         extra, pb = pair_batch_nodes(data, cfg, own_pairs, rng, shard)
         student_seeds = np.concatenate([seeds, extra])
     dim = cfg.encoder.structure_dim
     narrow = with_content(sample(data.graph, student_seeds, data.cutoff_us, cfg.narrow, rng), data, dim)
     broad = with_content(sample(data.graph, seeds, data.cutoff_us, cfg.broad, rng), data, dim)
-    if cfg.cold_share > 0:  # DropoutNet-style: the student sees some entities as if new, the teacher their history
+    if cfg.objective.cold_share > 0:  # DropoutNet-style: the student sees some entities as if new, the teacher their history
         engageable = np.isin(np.asarray(data.graph.nodes.node_type, np.int64)[student_seeds], ENGAGEABLE_CODES)
-        narrow = seed_only(narrow, engageable & (rng.random(len(student_seeds)) < cfg.cold_share))
-    log_q = data.pair_log_q[:, idx] if cfg.logq_correction and p else None
+        narrow = seed_only(narrow, engageable & (rng.random(len(student_seeds)) < cfg.objective.cold_share))
+    log_q = data.pair_log_q[:, idx] if cfg.objective.logq_correction and p else None
     return StepBatch(narrow, broad, p, data.pair_sign[idx], log_q, pb)
 
 
 def view_of(data: TrainData, nodes: np.ndarray, cfg: TrainConfig, seed: int, broad: bool = True) -> SampledBatch:
     """A deterministic view of given nodes (probe batches, metrics, embedding export)."""
-    rng = np.random.default_rng([cfg.seed, seed])
+    rng = np.random.default_rng([cfg.runtime.seed, seed])
     return with_content(sample(data.graph, np.asarray(nodes, np.int64), data.cutoff_us, cfg.broad if broad else cfg.narrow, rng), data,
                         cfg.encoder.structure_dim)

@@ -14,12 +14,12 @@ import argparse
 import json
 import logging
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from hir_model.train.config import TrainConfig, with_overrides
+from hir_model.train.config import TrainConfig, set_fields, with_overrides
 from hir_model.train.data import load_train_data
 from hir_model.train.trainer import train_window
 
@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> dict | None:
         if args.overrides:
             cfg = with_overrides(cfg, json.loads(args.overrides))
         if args.steps:
-            cfg = replace(cfg, steps=args.steps)
+            cfg = set_fields(cfg, steps=args.steps)
         if args.levels:
-            cfg = replace(cfg, levels=tuple(int(k) for k in args.levels.split(",")))
+            cfg = set_fields(cfg, levels=tuple(int(k) for k in args.levels.split(",")))
         torch.set_num_threads(max(1, args.threads or torch.get_num_threads()))
         data = load_train_data(Path(args.graph), Path(args.events) if args.events else None,
                                Path(args.content) if args.content else None)
@@ -81,8 +81,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window", default="", help="window key recorded in the checkpoint")
     p.add_argument("--config", help="TrainConfig as JSON (TrainConfig.to_dict())")
     p.add_argument("--overrides", help='some TrainConfig fields as JSON, e.g. {"levels": [4, 12, 36], "steps": 40}')
-    p.add_argument("--steps", type=int, default=0, help="override TrainConfig.steps")
-    p.add_argument("--levels", default="", help="override TrainConfig.levels, coarse to fine, e.g. 4,12,36")
+    p.add_argument("--steps", type=int, default=0, help="override TrainConfig.budget.steps")
+    p.add_argument("--levels", default="", help="override TrainConfig.prototypes.levels, coarse to fine, e.g. 4,12,36")
     p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (simulates a kill)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per process (0: torch's default)")
     return p.parse_args(argv)

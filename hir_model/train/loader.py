@@ -301,5 +301,5 @@ def lean_inputs(data: TrainData, cfg) -> tuple[TrainData, object]:
     draw tables are built here, once, so forked workers inherit them instead of each building its own."""
     lean = replace(data, content=None, has_content=None)
     lean_cfg = replace(cfg, encoder=replace(cfg.encoder, structure_dim=0))
-    lean.pair_log_q, lean.replay, lean.stream_log_q(cfg.replay_share)  # noqa: B018 - cached properties, built before the fork
+    lean.pair_log_q, lean.replay, lean.stream_log_q(cfg.budget.replay_share)  # noqa: B018 - cached properties, built before the fork
     return lean, lean_cfg

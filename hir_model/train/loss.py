@@ -58,10 +58,10 @@ class DistillationLoss(nn.Module):
 
     def targets(self, teacher_scores: list[Tensor]) -> list[Tensor]:
         """Balanced teacher assignments per level over the global batch: (B, K_l) probabilities, no gradient."""
-        return [sinkhorn(t.detach(), self.cfg.sinkhorn_eps, self.cfg.sinkhorn_iters) for t in teacher_scores]
+        return [sinkhorn(t.detach(), self.cfg.teacher.sinkhorn_eps, self.cfg.teacher.sinkhorn_iters) for t in teacher_scores]
 
     def distill(self, student_scores: list[Tensor], targets: list[Tensor]) -> Tensor:
-        terms = [-(t * F.log_softmax(s / self.cfg.student_temp, dim=-1)).sum(-1).mean() for s, t in zip(student_scores, targets)]
+        terms = [-(t * F.log_softmax(s / self.cfg.teacher.student_temp, dim=-1)).sum(-1).mean() for s, t in zip(student_scores, targets)]
         return torch.stack(terms).mean()
 
     def swap(self, student_scores: list[Tensor], targets: list[Tensor], pairs: int, sign: Tensor) -> Tensor:
@@ -71,8 +71,8 @@ class DistillationLoss(nn.Module):
         if not pairs or not len(pos):
             return student_scores[0].new_zeros(())
         u, e = pos, pos + pairs
-        terms = [-(t[e] * F.log_softmax(s[u] / self.cfg.student_temp, dim=-1)).sum(-1).mean()
-                 - (t[u] * F.log_softmax(s[e] / self.cfg.student_temp, dim=-1)).sum(-1).mean()
+        terms = [-(t[e] * F.log_softmax(s[u] / self.cfg.teacher.student_temp, dim=-1)).sum(-1).mean()
+                 - (t[u] * F.log_softmax(s[e] / self.cfg.teacher.student_temp, dim=-1)).sum(-1).mean()
                  for s, t in zip(student_scores, targets)]
         return torch.stack(terms).mean() / 2
 
@@ -82,10 +82,10 @@ class DistillationLoss(nn.Module):
             return student_scores[0].new_zeros(())
         terms = []
         for lvl in range(1, len(student_scores)):
-            p_fine = F.softmax(student_scores[lvl] / self.cfg.student_temp, dim=-1)  # (B, K_f)
-            parent = parent_assignment(prototypes[lvl], prototypes[lvl - 1], self.cfg.consistency_temp)  # (K_f, K_c)
+            p_fine = F.softmax(student_scores[lvl] / self.cfg.teacher.student_temp, dim=-1)  # (B, K_f)
+            parent = parent_assignment(prototypes[lvl], prototypes[lvl - 1], self.cfg.objective.consistency_temp)  # (K_f, K_c)
             aggregated = p_fine @ parent  # (B, K_c)
-            log_coarse = F.log_softmax(student_scores[lvl - 1] / self.cfg.student_temp, dim=-1)  # (B, K_c)
+            log_coarse = F.log_softmax(student_scores[lvl - 1] / self.cfg.teacher.student_temp, dim=-1)  # (B, K_c)
             terms.append(-(aggregated * log_coarse).sum(-1).mean())
         return torch.stack(terms).mean()
 

@@ -16,10 +16,10 @@ from hir_model.train.config import TrainConfig
 class HIRModel(nn.Module):
     def __init__(self, cfg: TrainConfig, encoder: Encoder | None = None):
         super().__init__()
-        self.global_levels = cfg.global_levels
+        self.global_levels = cfg.prototypes.global_levels
         self.encoder = encoder if encoder is not None else Encoder(cfg.encoder)
         w = self.encoder.cfg.width
-        self.prototypes = nn.ParameterList(nn.Parameter(F.normalize(torch.randn(k, w), dim=-1)) for k in cfg.levels)
+        self.prototypes = nn.ParameterList(nn.Parameter(F.normalize(torch.randn(k, w), dim=-1)) for k in cfg.prototypes.levels)
 
     def normalised_prototypes(self) -> list[Tensor]:
         return [F.normalize(p, dim=-1) for p in self.prototypes]  # per level (K_l, W)

@@ -13,7 +13,7 @@ from hir_model.train.data import TrainData, view_of
 from hir_model.train.loss import usage_stats
 from hir_model.train.model import HIRModel
 
-PROBE_SEED = 7919  # the probe batch's view is sampled with rng (cfg.seed, PROBE_SEED); metrics and seeding use offsets
+PROBE_SEED = 7919  # the probe batch's view is sampled with rng (cfg.runtime.seed, PROBE_SEED); metrics and seeding use offsets
 
 
 @torch.no_grad()
@@ -33,13 +33,13 @@ def embed_nodes(model: HIRModel | torch.nn.Module, global_tokens: Tensor | None,
 
 
 def sample_active(data: TrainData, cfg: TrainConfig, tag: int, size: int, sort: bool = True) -> np.ndarray:
-    """int64 [<= size]: active nodes drawn without replacement by rng (cfg.seed, tag); sorted unless told not to."""
-    nodes = np.random.default_rng([cfg.seed, tag]).permutation(data.active)[:size]
+    """int64 [<= size]: active nodes drawn without replacement by rng (cfg.runtime.seed, tag); sorted unless told not to."""
+    nodes = np.random.default_rng([cfg.runtime.seed, tag]).permutation(data.active)[:size]
     return np.sort(nodes) if sort else nodes
 
 
 def probe_nodes(data: TrainData, cfg: TrainConfig) -> np.ndarray:
-    return sample_active(data, cfg, PROBE_SEED, cfg.probe_size)
+    return sample_active(data, cfg, PROBE_SEED, cfg.runtime.probe_size)
 
 
 @torch.no_grad()
@@ -50,6 +50,6 @@ def assignments(model: HIRModel, data: TrainData, nodes: np.ndarray, cfg: TrainC
 
 
 def collapse_metrics(model: HIRModel, data: TrainData, cfg: TrainConfig) -> tuple[list[float], list[float]]:
-    nodes = sample_active(data, cfg, PROBE_SEED + 2, cfg.metric_nodes, sort=False)
-    stats = [usage_stats(torch.from_numpy(a), k) for a, k in zip(assignments(model, data, nodes, cfg), cfg.levels)]
+    nodes = sample_active(data, cfg, PROBE_SEED + 2, cfg.runtime.metric_nodes, sort=False)
+    stats = [usage_stats(torch.from_numpy(a), k) for a, k in zip(assignments(model, data, nodes, cfg), cfg.prototypes.levels)]
     return [round(e, 4) for e, _ in stats], [round(s, 4) for _, s in stats]

@@ -56,16 +56,16 @@ def seed_prototypes(student: HIRModel, teacher: HIRModel, data: TrainData, cfg: 
     The coarse prototypes are also the encoder's global tokens, so refining them moves the embeddings they were fitted
     to. With global tokens the refined set is embedded with once more and kept only if its usage entropy stays above
     REFINE_KEEP x the previous prototypes' (see there); otherwise the window starts from the previous ones, warned."""
-    gen = torch.Generator().manual_seed(cfg.seed)
-    nodes = sample_active(data, cfg, PROBE_SEED + 3, cfg.metric_nodes)
+    gen = torch.Generator().manual_seed(cfg.runtime.seed)
+    nodes = sample_active(data, cfg, PROBE_SEED + 3, cfg.runtime.metric_nodes)
     z = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 3)  # (M, W)
     if len(z) < 2:
         return
     protos = [p.detach().cpu().clone() for p in teacher.normalised_prototypes()]
     if fresh:
         below = z
-        for lvl in reversed(range(len(cfg.levels))):
-            k = cfg.levels[lvl]
+        for lvl in reversed(range(len(cfg.prototypes.levels))):
+            k = cfg.prototypes.levels[lvl]
             protos[lvl] = spherical_kmeans(below, k, 10, gen) if len(below) > k else F.normalize(torch.randn(k, z.shape[1], generator=gen), dim=-1)
             below = protos[lvl]
     else:
@@ -89,24 +89,24 @@ def fit(x: np.ndarray, centres: np.ndarray) -> float:
 
 def restarted(z: np.ndarray, prototypes: np.ndarray, cfg: TrainConfig, level: int) -> np.ndarray:
     """A warm start's prototypes for one level: `prototypes` refined (refine_iters spherical k-means steps over z), or,
-    where one of `cfg.prototype_restarts` fresh k-means runs fits z better by more than `cfg.restart_gain` (mean
+    where one of `cfg.prototypes.prototype_restarts` fresh k-means runs fits z better by more than `cfg.prototypes.restart_gain` (mean
     cosine to the nearest centre), that run, its rows matched to the refined ones (Hungarian on cosine) so that a
     prototype keeps its row where it can (stable ids and the student's logits follow rows).
 
     Why: refinement only descends from where the prototypes are, and a level with few prototypes that started with two
     interests merged under one prototype and another split over two stays so in every later window (the synthetic
     source's 4 planted coarse interests, seed 0: coarse NMI 0.64 while the finer levels reached 0.93)."""
-    refined = primitive_centroids(z, prototypes, cfg.refine_iters, reseed=True, seed=cfg.seed)
-    if cfg.refine_iters == 0 or cfg.prototype_restarts == 0 or len(z) <= len(prototypes):
+    refined = primitive_centroids(z, prototypes, cfg.prototypes.refine_iters, reseed=True, seed=cfg.runtime.seed)
+    if cfg.prototypes.refine_iters == 0 or cfg.prototypes.prototype_restarts == 0 or len(z) <= len(prototypes):
         return refined
-    gen = torch.Generator().manual_seed(cfg.seed * 1009 + level)
+    gen = torch.Generator().manual_seed(cfg.runtime.seed * 1009 + level)
     best, best_fit = None, -np.inf
     x = torch.from_numpy(np.ascontiguousarray(z))
-    for _ in range(cfg.prototype_restarts):
-        c = spherical_kmeans(x, len(prototypes), cfg.refine_iters, gen).numpy()
+    for _ in range(cfg.prototypes.prototype_restarts):
+        c = spherical_kmeans(x, len(prototypes), cfg.prototypes.refine_iters, gen).numpy()
         if (f := fit(z, c)) > best_fit:
             best, best_fit = c, f
-    if best_fit <= (kept := fit(z, refined)) + cfg.restart_gain:
+    if best_fit <= (kept := fit(z, refined)) + cfg.prototypes.restart_gain:
         return refined
     log.info("level %d: a fresh k-means fits the window's embeddings better than the refined prototypes (mean cosine "
              "%.3f vs %.3f): taking it", level, best_fit, kept)

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from hir_model.graph.types import NODE_TYPES
 from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule
+from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule, set_fields
 from hir_model.train.data import PairBatch, TrainData, pair_order, step_batch
 from hir_model.train.loader import NodeTables, Prefetcher, ProcessPrefetcher, ReadyStep, can_fork, lean_inputs
 from hir_model.train.loss import (
@@ -49,7 +49,7 @@ class NonFiniteLoss(FloatingPointError):
 class TrainResult:
     window: str
     step: int  # cumulative optimizer steps over all windows so far
-    window_steps: int  # steps of this window completed (== cfg.steps when done)
+    window_steps: int  # steps of this window completed (== cfg.budget.steps when done)
     resumed_from: int  # window step it resumed from (0: fresh or warm start)
     warm_started: bool
     losses: list[float]  # total loss per step run in this call
@@ -90,12 +90,12 @@ def _all_reduce_mean(x: float, device: torch.device) -> float:
 def _state(student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, opt: torch.optim.Optimizer, cfg: TrainConfig,
            window: str, window_step: int, base_step: int, complete: bool, extra: dict) -> dict:
     protos = teacher.normalised_prototypes()
-    parents = [parent_assignment(protos[l], protos[l - 1], cfg.consistency_temp).argmax(-1).cpu() for l in range(1, len(protos))]
+    parents = [parent_assignment(protos[l], protos[l - 1], cfg.objective.consistency_temp).argmax(-1).cpu() for l in range(1, len(protos))]
     return dict(path_args=(teacher.encoder, protos, base_step + window_step),
                 optimizer=opt.state_dict(), window=window,
                 extra={"train_config": cfg.to_dict(), "student": _cpu(student.state_dict()), "teacher": _cpu(teacher.state_dict()),
                        "loss": _cpu(loss_fn.state_dict()), "window_step": window_step, "base_step": base_step, "complete": complete,
-                       "global_levels": cfg.global_levels, "parents": parents, **extra})
+                       "global_levels": cfg.prototypes.global_levels, "parents": parents, **extra})
 
 
 def _cpu(state: dict) -> dict:
@@ -110,9 +110,10 @@ def _save(path: Path, state: dict) -> str:
 def _load_into(payload: dict, student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, cfg: TrainConfig) -> None:
     extra = payload.get("extra", {})
     old = extra.get("train_config")
-    if old is not None and (tuple(old["levels"]) != cfg.levels or TrainConfig.from_dict(old).encoder != cfg.encoder):
-        raise CheckpointError(f"checkpoint was trained with levels {old['levels']} / encoder {old['encoder']}, "
-                              f"this run uses {cfg.levels} / {cfg.encoder}: start from scratch (no --init)")
+    old = TrainConfig.from_dict(old) if old is not None else None
+    if old is not None and (old.prototypes.levels != cfg.prototypes.levels or old.encoder != cfg.encoder):
+        raise CheckpointError(f"checkpoint was trained with levels {old.prototypes.levels} / encoder {old.encoder}, "
+                              f"this run uses {cfg.prototypes.levels} / {cfg.encoder}: start from scratch (no --init)")
     if "student" in extra:
         student.load_state_dict(extra["student"])
         teacher.load_state_dict(extra["teacher"])
@@ -131,7 +132,7 @@ def recentre(student: HIRModel, teacher: HIRModel, centre: Tensor, momentum: flo
     and counts per seed type over the global batch, and each type's out_mean absorbs (1 - momentum) of its mean (types
     absent from the batch keep theirs). Set once at the start, the centre drifted: by MovieLens window 4 the common
     direction was back and every node chose one coarse prototype (usage entropy 0.0). Without `centre_users` the user
-    type's row is left as it is (TrainConfig.centre_users)."""
+    type's row is left as it is (TrainConfig.objective.centre_users)."""
     count = centre[:, -1:]
     step = torch.where(count > 0, centre[:, :-1] / count.clamp_min(1), torch.zeros_like(centre[:, :-1]))
     if not centre_users:
@@ -154,13 +155,13 @@ def centre_inputs_and_readout(student: HIRModel, teacher: HIRModel, data: TrainD
     for m in (student, teacher):
         if data.content is not None and data.has_content.any():
             m.encoder.embed.content_mean.copy_(torch.from_numpy(data.content[data.has_content].mean(0)))
-    nodes = sample_active(data, cfg, PROBE_SEED + 4, cfg.metric_nodes)
+    nodes = sample_active(data, cfg, PROBE_SEED + 4, cfg.runtime.metric_nodes)
     if not len(nodes):
         return
     h = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 4, readout=True)  # (M, W)
     centre = torch.zeros(teacher.encoder.out_mean.shape[0], h.shape[1] + 1)
     add_to_centre(centre, h, torch.from_numpy(data.graph.nodes.node_type[nodes].astype(np.int64)))
-    recentre(student, teacher, centre, 0.0, cfg.centre_users)
+    recentre(student, teacher, centre, 0.0, cfg.objective.centre_users)
 
 
 def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, batches: list,
@@ -176,7 +177,7 @@ def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss
         t_all = [[z @ p.T for p in teacher.normalised_prototypes()] for z in (F.normalize(h, dim=-1) for h in readouts)]
         if centre is not None:  # the teacher's readouts per seed type, summed over this rank's shards (the caller all-reduces)
             add_to_centre(centre, torch.cat(readouts), torch.cat([b.node_type[:, 0] for b in broad]))
-        targets = loss_fn.targets([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.levels))])
+        targets = loss_fn.targets([torch.cat([t[l] for t in t_all]) for l in range(len(cfg.prototypes.levels))])
     acc = np.zeros(5)
     for i, r in enumerate(steps):
         b = r.seeds
@@ -188,12 +189,12 @@ def step_loss(model: torch.nn.Module, student: HIRModel, teacher: HIRModel, loss
             cons = loss_fn.consistency(s_scores, list(student.prototypes))
             p, sign = r.pairs, torch.from_numpy(r.sign).to(device)
             log_q = None if r.log_q is None else torch.from_numpy(r.log_q).to(device, torch.float32)
-            eng = engagement_loss(z[:p], z[p:2 * p], sign, cfg.engagement_temp, log_q) if p else z.new_zeros(())
+            eng = engagement_loss(z[:p], z[p:2 * p], sign, cfg.objective.engagement_temp, log_q) if p else z.new_zeros(())
             if r.pair_batch is not None:
-                eng = eng + pair_batch_loss(z_all[b:], r.pair_batch, cfg.engagement_temp, device)
-            loss = cfg.distill_weight * distill + cfg.consistency_weight * cons + cfg.engagement_weight * eng
-            swap = loss_fn.swap(s_scores, mine, p, sign) if cfg.swap_weight else z.new_zeros(())
-            loss = loss + cfg.swap_weight * swap
+                eng = eng + pair_batch_loss(z_all[b:], r.pair_batch, cfg.objective.engagement_temp, device)
+            loss = cfg.objective.distill_weight * distill + cfg.objective.consistency_weight * cons + cfg.objective.engagement_weight * eng
+            swap = loss_fn.swap(s_scores, mine, p, sign) if cfg.objective.swap_weight else z.new_zeros(())
+            loss = loss + cfg.objective.swap_weight * swap
         if backward:
             (loss / len(batches)).backward()
         parts = torch.stack([x.detach().double() for x in (loss, distill, cons, eng, swap)])  # one copy to the host
@@ -218,7 +219,7 @@ def held_out_loss(student: HIRModel, teacher: HIRModel, loss_fn: DistillationLos
     """The total loss on fixed batches no training step draws (seeded by HELD_OUT_STEP): compared before and after a
     window's training, it measures progress without the step-to-step sampling noise of the training losses."""
     acc = np.mean([step_loss(student, student, teacher, loss_fn, [step_batch(data, cfg, HELD_OUT_STEP + i, sh) for sh in shards],
-                             cfg, device, backward=False)[0] for i in range(cfg.held_out_batches)])
+                             cfg, device, backward=False)[0] for i in range(cfg.runtime.held_out_batches)])
     return _all_reduce_mean(float(acc), device)
 
 
@@ -236,16 +237,16 @@ def deterministic_algorithms(on: bool):
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """TrainConfig.precision on `device`: the encoder's autocast dtype (None: float32)."""
+    """TrainConfig.runtime.precision on `device`: the encoder's autocast dtype (None: float32)."""
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return None
 
 
 def loader_workers(cfg: TrainConfig, device: torch.device, world: int = 1) -> int:
-    """TrainConfig.loader_workers resolved: auto is 0 on CPU and the cores this rank may use but two (at most 12) on
+    """TrainConfig.runtime.loader_workers resolved: auto is 0 on CPU and the cores this rank may use but two (at most 12) on
     CUDA; 0 where processes cannot be forked."""
-    n = cfg.loader_workers
+    n = cfg.runtime.loader_workers
     if n < 0:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         n = max(0, min(12, cores // world - 2)) if device.type == "cuda" else 0
@@ -259,9 +260,9 @@ def train_window(data: TrainData, cfg: TrainConfig, out: Path | None = None, ini
                  stop_after: int | None = None) -> TrainResult:
     """Train on one window's data; resume from `out` if it holds this window's unfinished run, else warm-start from
     `init` (the previous window's checkpoint) or start fresh. `stop_after` stops after that many window steps
-    (simulates a kill: the checkpoint at `out` is then resumable). With cfg.deterministic, two runs on the same inputs
-    and the same number of threads give the same weights (see TrainConfig.deterministic)."""
-    with deterministic_algorithms(cfg.deterministic):
+    (simulates a kill: the checkpoint at `out` is then resumable). With cfg.runtime.deterministic, two runs on the same inputs
+    and the same number of threads give the same weights (see TrainConfig.runtime.deterministic)."""
+    with deterministic_algorithms(cfg.runtime.deterministic):
         return _train_window(data, cfg, out, init, window, stop_after)
 
 
@@ -269,16 +270,16 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
                   stop_after: int | None) -> TrainResult:
     rank, world = _dist()
     if world > 1:
-        cfg = replace(cfg, shards=world)
-    cfg = replace(cfg, steps=cfg.window_steps(len(data.pair_user)))  # an epoch budget fixes the window's step count here
-    torch.manual_seed(cfg.seed)
+        cfg = set_fields(cfg, shards=world)
+    cfg = set_fields(cfg, steps=cfg.budget.window_steps(len(data.pair_user)))  # an epoch budget fixes the window's step count here
+    torch.manual_seed(cfg.runtime.seed)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
     cfg_model = replace(cfg, encoder=replace(cfg.encoder, content_dim=data.content_dim))
     student = HIRModel(cfg_model).to(device)
     teacher = make_teacher(student)
     loss_fn = DistillationLoss(cfg).to(device)
-    opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     start, base_step, warm = 0, 0, False
     resume = None
     if out is not None and Path(out).is_file():
@@ -296,29 +297,29 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
         base_step, warm = int(payload["step"]), True
     if resume is None and not warm:
         centre_inputs_and_readout(student, teacher, data, cfg)
-    if resume is None and cfg.init_prototypes:
+    if resume is None and cfg.prototypes.init_prototypes:
         seed_prototypes(student, teacher, data, cfg, fresh=not warm)
     model = student
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(student, device_ids=[local] if device.type == "cuda" else None)
     lrs, moms = lr_schedule(cfg), momentum_schedule(cfg)
-    shards = [rank] if world > 1 else list(range(cfg.shards))
-    losses, parts = [], {"distill": [], "consistency": [], "engagement": [], **({"swap": []} if cfg.swap_weight else {})}
-    end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
-    dtype = autocast_dtype(cfg.precision, device)
+    shards = [rank] if world > 1 else list(range(cfg.runtime.shards))
+    losses, parts = [], {"distill": [], "consistency": [], "engagement": [], **({"swap": []} if cfg.objective.swap_weight else {})}
+    end = cfg.budget.steps if stop_after is None else min(cfg.budget.steps, start + stop_after)
+    dtype = autocast_dtype(cfg.runtime.precision, device)
     for m in (student, teacher):  # after the (float32) initialisation; back to float32 before the metrics and the probe
         m.encoder.autocast_dtype = dtype
-    start_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
+    start_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.runtime.held_out_batches else float("nan")
     # the next steps' batches are sampled while this one trains (the same batches either way: seeded by step), on a thread
     # or in forked processes; these ship "lean" steps (node indices: the device fills in content, structure, hash codes)
     workers = loader_workers(cfg, device, world)
-    lean = workers > 0 and cfg.cold_share == 0  # cold seeds lose their structure row on the host (seed_only)
+    lean = workers > 0 and cfg.objective.cold_share == 0  # cold seeds lose their structure row on the host (seed_only)
     tables = NodeTables(data, cfg.encoder.structure_dim, device) if lean else None
     sample_data, sample_cfg = lean_inputs(data, cfg) if lean else (data, cfg)
     if workers:  # the sampler's per-graph tables, built once here for the forked workers to inherit
         step_batch(sample_data, _tiny(sample_cfg), HELD_OUT_STEP, 0)
     t0 = time.perf_counter()
-    order = pair_order(data, cfg, base_step, cfg.steps) if cfg.epochs > 0 else None  # each step's window pairs
+    order = pair_order(data, cfg, base_step, cfg.budget.steps) if cfg.budget.epochs > 0 else None  # each step's window pairs
     own = (lambda s: None) if order is None else (lambda s: order[s])  # noqa: E731
 
     def make(s: int) -> list[ReadyStep]:
@@ -343,23 +344,23 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
             if not np.isfinite(total):
                 raise NonFiniteLoss(f"non-finite loss {total} at window step {s} (distill {acc[1]}, consistency {acc[2]}, "
                                     f"engagement {acc[3]}, swap {acc[4]}): stopping")
-            torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.optim.grad_clip)
             opt.step()
             ema_update(teacher, student, float(moms[s]))
-            recentre(student, teacher, all_reduce_sum(centre), cfg.centre_momentum, cfg.centre_users)
+            recentre(student, teacher, all_reduce_sum(centre), cfg.teacher.centre_momentum, cfg.objective.centre_users)
             losses.append(total)
             for k, v in zip(parts, acc[1:]):  # swap last: left out when off
                 parts[k].append(_all_reduce_mean(float(v), device))
-            if rank == 0 and out is not None and cfg.checkpoint_every and (s + 1) % cfg.checkpoint_every == 0 and s + 1 < cfg.steps:
+            if rank == 0 and out is not None and cfg.runtime.checkpoint_every and (s + 1) % cfg.runtime.checkpoint_every == 0 and s + 1 < cfg.budget.steps:
                 _save(Path(out), _state(student, teacher, loss_fn, opt, cfg_model, window, s + 1, base_step, False, {}))
     t_end = time.perf_counter()
     seconds = t_end - t0
-    per_step = cfg.batch_size + 2 * cfg.pair_batch
+    per_step = cfg.budget.batch_size + 2 * cfg.budget.pair_batch
     steady = per_step * (end - start - 1) / max(t_end - t_first, 1e-9) if t_first is not None else float("nan")
-    final_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.held_out_batches else float("nan")
+    final_loss = held_out_loss(student, teacher, loss_fn, data, cfg, shards, device) if cfg.runtime.held_out_batches else float("nan")
     for m in (student, teacher):
         m.encoder.autocast_dtype = None
-    done = end >= cfg.steps
+    done = end >= cfg.budget.steps
     backend = getattr(student.encoder.last_choice, "backend", "none")
     digest = hashlib.sha256(b"".join(v.detach().cpu().contiguous().numpy().tobytes() for v in student.state_dict().values()))
     result = TrainResult(window, base_step + end, end, start, warm, losses, parts, [], [], seconds,
@@ -383,5 +384,5 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
 
 def _tiny(cfg: TrainConfig) -> TrainConfig:
     """cfg at the smallest batch it allows: one step batch of it touches every table the sampler builds per graph."""
-    return replace(cfg, batch_size=2 * cfg.shards, pair_batch=cfg.shards if cfg.pair_batch else 0,
-                   shared_negatives=cfg.shards if cfg.shared_negatives else 0)
+    return set_fields(cfg, batch_size=2 * cfg.runtime.shards, pair_batch=cfg.runtime.shards if cfg.budget.pair_batch else 0,
+                      shared_negatives=cfg.runtime.shards if cfg.budget.shared_negatives else 0)

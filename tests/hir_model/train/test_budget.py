@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hir_model.graph.types import NODE_TYPES
-from hir_model.train.config import BUDGETS, TrainConfig, with_overrides
+from hir_model.train.config import BUDGETS, TrainConfig, set_fields, with_overrides
 from hir_model.train.data import ENGAGEABLE_CODES, pair_order, step_batch
 from hir_model.train.loss import engagement_loss
 from hir_model.train.trainer import train_window
@@ -24,20 +24,20 @@ def budget_config(**kw) -> TrainConfig:
 
 def test_an_epoch_budget_sets_the_step_count_from_the_windows_pairs():
     cfg = budget_config()  # 12 of the 16 pairs a step are the window's own
-    assert cfg.replay_pairs == 4 and cfg.window_steps(72) == 12 and cfg.window_steps(0) == 1
-    assert replace(cfg, max_steps=5).window_steps(72) == 5
-    assert replace(cfg, epochs=0.0).window_steps(72) == cfg.steps  # no budget: the fixed count
+    assert cfg.budget.replay_pairs == 4 and cfg.budget.window_steps(72) == 12 and cfg.budget.window_steps(0) == 1
+    assert set_fields(cfg, max_steps=5).budget.window_steps(72) == 5
+    assert set_fields(cfg, epochs=0.0).budget.window_steps(72) == cfg.budget.steps  # no budget: the fixed count
     with pytest.raises(ValueError, match="needs pair_batch"):
-        TrainConfig(epochs=1.0)
+        set_fields(TrainConfig(), epochs=1.0)
     with pytest.raises(ValueError, match="replay_share"):
-        TrainConfig(pair_batch=8, replay_share=1.0)
+        set_fields(TrainConfig(), pair_batch=8, replay_share=1.0)
 
 
 def test_every_pair_is_seen_once_an_epoch():
     data, _ = tiny_data()
     cfg = budget_config()
     n = len(data.pair_user)
-    order = pair_order(data, cfg, window_seed=3, steps=cfg.window_steps(n))  # (steps, 12): 2 epochs of 72 pairs
+    order = pair_order(data, cfg, window_seed=3, steps=cfg.budget.window_steps(n))  # (steps, 12): 2 epochs of 72 pairs
     assert order.shape == (12, 12)
     first, second = order.reshape(-1)[:n], order.reshape(-1)[n:]
     assert sorted(first) == list(range(n)) and sorted(second) == list(range(n)) and not np.array_equal(first, second)
@@ -50,7 +50,7 @@ def test_a_pair_batch_holds_window_pairs_replayed_edges_and_shared_negatives():
     order = pair_order(data, cfg, 0, 12)
     sb = step_batch(data, cfg, 0, 0, order[0])
     pb, b = sb.pair_batch, sb.seeds
-    assert b == cfg.batch_size and sb.narrow.num_sequences == b + 2 * cfg.pair_batch + cfg.shared_negatives
+    assert b == cfg.budget.batch_size and sb.narrow.num_sequences == b + 2 * cfg.budget.pair_batch + cfg.budget.shared_negatives
     nodes = sb.narrow.seeds[b:]
     users, entities, negs = nodes[:16], nodes[16:32], nodes[32:]
     np.testing.assert_array_equal(users[:12], data.pair_user[order[0]])  # the window's own pairs, in epoch order
@@ -62,7 +62,7 @@ def test_a_pair_batch_holds_window_pairs_replayed_edges_and_shared_negatives():
     edges = set(zip(ru.tolist(), re.tolist()))
     assert all((u, e) in edges for u, e in zip(users[12:], entities[12:]))
     np.testing.assert_array_equal(pb.neg_is_pos, entities[:, None] == negs[None, :])
-    log_u, log_e = data.stream_log_q(cfg.replay_share)
+    log_u, log_e = data.stream_log_q(cfg.budget.replay_share)
     np.testing.assert_allclose(pb.log_q, np.stack([log_u[users], log_e[entities]]))
     assert np.isclose(np.exp(log_e).sum(), 1.0) and np.isclose(np.exp(log_u).sum(), 1.0)
 
@@ -107,8 +107,8 @@ def test_a_budgeted_run_killed_midway_resumes_to_the_same_weights(tmp_path):
 
 def test_named_budgets_expand_before_the_fields_beside_them():
     cfg = with_overrides(TrainConfig(), {"budget": "cpu", "encoder": {"strength_buckets": 24}, "max_steps": 7})
-    assert cfg.epochs == BUDGETS["cpu"]["epochs"] and cfg.pair_batch == BUDGETS["cpu"]["pair_batch"] and cfg.max_steps == 7
+    assert cfg.budget.epochs == BUDGETS["cpu"]["epochs"] and cfg.budget.pair_batch == BUDGETS["cpu"]["pair_batch"] and cfg.budget.max_steps == 7
     assert cfg.encoder.id_table_rows == BUDGETS["cpu"]["encoder"]["id_table_rows"] and cfg.encoder.strength_buckets == 24
-    assert with_overrides(TrainConfig(), {"budget": "full"}).epochs >= 1
+    assert with_overrides(TrainConfig(), {"budget": "full"}).budget.epochs >= 1
     with pytest.raises(ValueError, match="unknown training budget 'huge'"):
         with_overrides(TrainConfig(), {"budget": "huge"})

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule, parse_overrides, with_overrides
+from hir_model.train.config import (FIELD_GROUP, GROUPS, TrainConfig, lr_schedule, momentum_schedule, parse_overrides,
+                                    set_fields, with_overrides)
+from hir_model.rank.artefacts import trained_prior_scale
 from hir_model.train.loss import DistillationLoss, engagement_loss, parent_assignment, sinkhorn, usage_stats
 
-CFG = TrainConfig(levels=(2, 4), batch_size=8, steps=10)
+CFG = set_fields(TrainConfig(), levels=(2, 4), batch_size=8, steps=10)
 
 
 def test_targets_are_balanced_over_the_batch():
@@ -19,7 +23,7 @@ def test_targets_are_balanced_over_the_batch():
     scores = [torch.tensor([[0.9, 0.1], [0.8, 0.3], [0.7, 0.6], [0.95, 0.0]]), torch.rand(4, 4)]
     t = loss.targets(scores)
     assert torch.allclose(t[0].sum(-1), torch.ones(4), atol=1e-5)
-    plain = F.softmax(scores[0] / CFG.sinkhorn_eps, -1).sum(0)[1]  # unbalanced: prototype 1 gets ~0.5 of 4 samples
+    plain = F.softmax(scores[0] / CFG.teacher.sinkhorn_eps, -1).sum(0)[1]  # unbalanced: prototype 1 gets ~0.5 of 4 samples
     assert t[0].sum(0)[1] > 1.2 > plain  # balanced (3 iterations): far closer to its equal share of 2
     assert t[0][2, 1] > t[0][3, 1]  # the sample closest to prototype 1 takes most of its share
     assert not list(loss.state_dict())  # nothing to carry between steps
@@ -83,13 +87,13 @@ def test_usage_stats():
 
 def test_schedules_are_precomputed_arrays():
     m, lr = momentum_schedule(CFG), lr_schedule(CFG)
-    assert m.shape == lr.shape == (10,) and m[0] == CFG.momentum_start and abs(m[-1] - CFG.momentum_end) < 1e-12
-    assert (lr > 0).all() and lr.max() <= CFG.lr
+    assert m.shape == lr.shape == (10,) and m[0] == CFG.teacher.momentum_start and abs(m[-1] - CFG.teacher.momentum_end) < 1e-12
+    assert (lr > 0).all() and lr.max() <= CFG.optim.lr
 
 
 def test_benchmark_overrides_parse_json_values_and_name_bad_ones():
     cfg = with_overrides(TrainConfig(), parse_overrides(["lr=0.005", "global_tokens=false", "levels=[4, 12, 36]"]))
-    assert (cfg.lr, cfg.global_tokens, cfg.levels) == (0.005, False, (4, 12, 36))
+    assert (cfg.optim.lr, cfg.prototypes.global_tokens, cfg.prototypes.levels) == (0.005, False, (4, 12, 36))
     with pytest.raises(ValueError, match="'steps'"):
         parse_overrides(["steps"])
     with pytest.raises(ValueError, match="not JSON"):
@@ -102,6 +106,30 @@ def test_a_config_with_fields_from_a_newer_version_is_refused_by_name():
     d["future_knob"] = 1
     with pytest.raises(ValueError, match=r"does not know: \['future_knob'\]"):
         TrainConfig.from_dict(d)
+    d = TrainConfig().to_dict()
+    d["optim"]["future_knob"] = 1
+    with pytest.raises(ValueError, match=r"does not know: \['optim.future_knob'\]"):
+        TrainConfig.from_dict(d)
+
+
+def test_flat_field_names_reach_their_group_and_the_dict_round_trips():
+    cfg = with_overrides(TrainConfig(), {"lr": 0.005, "steps": 20, "seed": 3, "swap_weight": 1.0, "sinkhorn_iters": 5,
+                                         "levels": [4, 12], "broad": TrainConfig().narrow})
+    assert (cfg.optim.lr, cfg.budget.steps, cfg.runtime.seed, cfg.objective.swap_weight, cfg.teacher.sinkhorn_iters,
+            cfg.prototypes.levels, cfg.broad) == (0.005, 20, 3, 1.0, 5, (4, 12), TrainConfig().narrow)
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg == TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    with pytest.raises(ValueError, match=r"unknown TrainConfig fields \['learning_rate'\]"):
+        with_overrides(cfg, {"learning_rate": 0.1})
+    with pytest.raises(ValueError, match="multiple of 2 \\* shards"):  # a rule spanning groups still holds
+        set_fields(cfg, shards=3)
+
+
+def test_a_checkpoints_flat_config_from_before_the_groups_reads_as_the_same_config():
+    cfg = with_overrides(TrainConfig(), {"lr": 0.005, "steps": 20, "levels": [4, 12], "logq_correction": True})
+    flat = {k: v for group in GROUPS for k, v in cfg.to_dict()[group].items()}
+    flat |= {k: cfg.to_dict()[k] for k in ("narrow", "broad", "encoder")}
+    assert len(flat) == len(FIELD_GROUP) + 3 and TrainConfig.from_dict(flat) == cfg
+    assert trained_prior_scale({"train_config": flat}) == trained_prior_scale({"train_config": cfg.to_dict()}) == 0.1
 
 
 def test_logq_correction_subtracts_each_sides_draw_log_probability_from_the_logits():

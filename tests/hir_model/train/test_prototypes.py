@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hir_model.train.centroids import primitive_centroids
-from hir_model.train.config import TrainConfig
+from hir_model.train.config import TrainConfig, set_fields
 from hir_model.train.prototypes import fit, restarted
 
 
@@ -33,7 +33,7 @@ def test_refinement_alone_stays_in_a_merged_and_split_local_optimum():
 def test_a_clearly_better_fresh_run_replaces_the_refined_prototypes_rows_kept_where_they_can():
     z, label, axes = four_clusters()
     stuck = stuck_prototypes(axes)
-    cfg = TrainConfig(levels=(4,), refine_iters=10, prototype_restarts=4, restart_gain=0.01)
+    cfg = set_fields(TrainConfig(), levels=(4,), refine_iters=10, prototype_restarts=4, restart_gain=0.01)
     out = restarted(z, stuck, cfg, level=0)
     nearest = (z @ out.T).argmax(1)
     # one prototype per planted cluster, each cluster whole
@@ -47,5 +47,5 @@ def test_a_clearly_better_fresh_run_replaces_the_refined_prototypes_rows_kept_wh
 def test_without_restarts_or_below_the_gain_the_refined_prototypes_stay(kw):
     z, _, axes = four_clusters()
     stuck = stuck_prototypes(axes)
-    cfg = TrainConfig(levels=(4,), refine_iters=10, **kw)
+    cfg = set_fields(TrainConfig(), levels=(4,), refine_iters=10, **kw)
     np.testing.assert_array_equal(restarted(z, stuck, cfg, level=0), primitive_centroids(z, stuck, 10, reseed=True))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from hir_model.nn import collate
 from hir_model.train.data import seed_only, step_batch, view_of
 from hir_model.train.model import HIRModel, ema_update, make_teacher
 from hir_model.train.trainer import NonFiniteLoss, embed_nodes, seed_prototypes, train_window
-from hir_model.train.config import TrainConfig
+from hir_model.train.config import TrainConfig, set_fields
 from tests.hir_model.train.tiny import tiny_config, tiny_data
 
 
@@ -49,10 +48,10 @@ def test_training_reports_metrics_and_the_checkpoint_reproduces_the_probe(tmp_pa
     data, _ = tiny_data()
     cfg = tiny_config()
     r = train_window(data, cfg, tmp_path / "c.pt", window="w0")
-    assert r.window_steps == cfg.steps and len(r.losses) == cfg.steps and np.isfinite(r.losses).all()
-    assert len(r.usage_entropy) == len(cfg.levels) and r.backend == "dense" and r.samples_per_s > 0
+    assert r.window_steps == cfg.budget.steps and len(r.losses) == cfg.budget.steps and np.isfinite(r.losses).all()
+    assert len(r.usage_entropy) == len(cfg.prototypes.levels) and r.backend == "dense" and r.samples_per_s > 0
     model = load_trained_model(tmp_path / "c.pt")
-    assert model.levels == cfg.levels and model.global_levels == cfg.global_levels and model.window == "w0"
+    assert model.levels == cfg.prototypes.levels and model.global_levels == cfg.prototypes.global_levels and model.window == "w0"
     again = embed_nodes(model.encoder, model.global_tokens, data, np.array(r.probe_nodes), cfg)
     torch.testing.assert_close(again, torch.tensor(r.probe_embeddings), atol=1e-5, rtol=1e-5)
 
@@ -64,7 +63,7 @@ def test_kill_and_resume_reaches_the_same_final_step_and_weights(tmp_path):
     killed = train_window(data, cfg, tmp_path / "k.pt", window="w0", stop_after=2)  # "killed" after 2 steps
     assert killed.window_steps == 2 and not load_checkpoint(tmp_path / "k.pt")["extra"]["complete"]
     resumed = train_window(data, cfg, tmp_path / "k.pt", window="w0")
-    assert resumed.resumed_from == 2 and resumed.window_steps == cfg.steps == full.window_steps
+    assert resumed.resumed_from == 2 and resumed.window_steps == cfg.budget.steps == full.window_steps
     assert resumed.weights_digest == full.weights_digest or torch.allclose(
         torch.tensor(resumed.probe_embeddings), torch.tensor(full.probe_embeddings), atol=1e-5)
     assert load_checkpoint(tmp_path / "k.pt")["extra"]["complete"]
@@ -75,7 +74,7 @@ def test_warm_start_continues_the_step_count(tmp_path):
     cfg = tiny_config(steps=2)
     first = train_window(data, cfg, tmp_path / "a.pt", window="w0")
     second = train_window(data, cfg, tmp_path / "b.pt", init=tmp_path / "a.pt", window="w1")
-    assert second.warm_started and second.step == first.step + cfg.steps
+    assert second.warm_started and second.step == first.step + cfg.budget.steps
     payload = load_checkpoint(tmp_path / "b.pt")
     assert payload["step"] == 4 and payload["window"] == "w1"
 
@@ -197,7 +196,7 @@ def test_a_fresh_readout_is_centred_per_node_type():
     cfg = tiny_config()
     student = HIRModel(cfg)
     teacher = make_teacher(student)
-    nodes = sample_active(data, cfg, PROBE_SEED + 4, cfg.metric_nodes)
+    nodes = sample_active(data, cfg, PROBE_SEED + 4, cfg.runtime.metric_nodes)
     types = data.graph.nodes.node_type[nodes]
     assert len(np.unique(types)) >= 2
     raw = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg, seed=PROBE_SEED + 4, readout=True)
@@ -252,7 +251,7 @@ def test_training_is_reproducible_on_two_threads():
     # the default encoder on a few hundred nodes: with 2 threads a backward kernel's parallel sums made two runs
     # differ (three runs, three digests) until training ran with torch's deterministic algorithms
     data, _ = tiny_data(groups=8, users=20, products=20)
-    cfg = TrainConfig(levels=(2, 4), steps=4, warmup_steps=1, checkpoint_every=0, probe_size=4, metric_nodes=64)
+    cfg = set_fields(TrainConfig(), levels=(2, 4), steps=4, warmup_steps=1, checkpoint_every=0, probe_size=4, metric_nodes=64)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -290,7 +289,7 @@ def test_worker_processes_train_the_same_weights_as_the_background_thread(transp
     data, _ = tiny_data()
     cfg = tiny_config(checkpoint_every=0)
     thread = train_window(data, cfg)
-    procs = train_window(data, replace(cfg, loader_workers=2))
+    procs = train_window(data, set_fields(cfg, loader_workers=2))
     assert thread.loader == "thread" and procs.loader == f"2 processes, lean, {transport}"
     assert procs.weights_digest == thread.weights_digest and procs.losses == thread.losses
     assert 0 <= procs.loader_wait_s <= procs.seconds and procs.steady_samples_per_s > 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pyarrow as pa
 
@@ -11,7 +9,7 @@ from hir_model.graph.csr import NodeTable, aggregate, both_directions, node_bits
 from hir_model.graph.hashing import HashConfig, hash_codes
 from hir_model.graph.types import EDGE_TYPES, NODE_TYPES
 from hir_model.nn import EncoderConfig
-from hir_model.train.config import TrainConfig
+from hir_model.train.config import TrainConfig, set_fields
 from hir_model.train.data import TrainData, active_nodes
 
 US = 1_000_000
@@ -52,6 +50,6 @@ def tiny_data(groups: int = 4, users: int = 6, products: int = 6, seed: int = 0)
 
 def tiny_config(**kw) -> TrainConfig:
     enc = EncoderConfig(width=32, heads=2, layers=1, hash_hidden=32, compile_dense_bias=False)
-    base = TrainConfig(levels=(2, 4), steps=4, batch_size=16, warmup_steps=1, checkpoint_every=2, probe_size=4,
+    base = set_fields(TrainConfig(), levels=(2, 4), steps=4, batch_size=16, warmup_steps=1, checkpoint_every=2, probe_size=4,
                        metric_nodes=64, encoder=enc)
-    return replace(base, **kw)
+    return set_fields(base, **kw)
