@@ -128,7 +128,8 @@ def _lookup(ids: pa.ChunkedArray, catalog: pa.Table, column: str) -> pa.Array:
         keys = catalog.column(0)
         return pc.take(values, pc.index_in(ids, value_set=keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys))
     index = ref.find(ids)
-    return pc.take(values, pa.array(index, pa.int64(), mask=index < 0))
+    found = pc.take(values, pa.array(index, pa.int64(), mask=index < 0))
+    return pa.chunked_array([found]) if isinstance(ids, pa.ChunkedArray) else found  # the type index_in's path gives
 
 
 def _not_in(values: pa.ChunkedArray, ref) -> pa.Array:
@@ -217,29 +218,34 @@ class Reference:
 
 
 _STRINGS = (pa.string(), pa.large_string())
-_REFERENCES: OrderedDict[int, tuple[Any, Reference]] = OrderedDict()  # id(owner) -> (owner, its Reference), last used last
+# id(owner) -> [owner, lookups so far, its Reference or None], last used last
+_REFERENCES: OrderedDict[int, list] = OrderedDict()
 CACHED_REFERENCES = 8  # references kept (a window's run uses 2-3: ids, user ids, the catalogue)
+HASH_AFTER = 3  # pyarrow answers a reference's first lookups: hashing it costs ~9 of them, so only a reused one is hashed
+HASH_RATIO = 4  # ... and only one at least this many times larger than the batch (else pyarrow's own hash set is cheaper)
 
 
 def _reference(owner, keys, ids) -> Reference | None:
     """The cached Reference of `owner` (an Arrow array or table: immutable, so its identity names its values; held in
-    the cache so the id is not reused), or None where the fast path does not apply (a Python collection, non-strings)."""
+    the cache so the id is not reused), or None where pyarrow's own lookup is used: a Python collection, non-strings,
+    a reference not yet looked up HASH_AFTER times or not HASH_RATIO times the batch's length."""
     if not isinstance(owner, (pa.Array, pa.ChunkedArray, pa.Table)) or ids.type not in _STRINGS:
         return None
     entry = _REFERENCES.get(id(owner))
     if entry is None or entry[0] is not owner:
-        k = keys()
-        if k.type not in _STRINGS:
-            return None
-        ref = Reference(k)
-        if not ref.usable:
-            return None
-        entry = (owner, ref)
-        _REFERENCES[id(owner)] = entry
+        entry = _REFERENCES[id(owner)] = [owner, 0, None]
         while len(_REFERENCES) > CACHED_REFERENCES:
             _REFERENCES.popitem(last=False)
     _REFERENCES.move_to_end(id(owner))
-    return entry[1]
+    entry[1] += 1
+    if entry[2] is None and entry[1] > HASH_AFTER:
+        k = keys()
+        if k.type not in _STRINGS or len(k) < HASH_RATIO * len(ids):
+            return None
+        entry[2] = Reference(k)
+        if not entry[2].usable:
+            entry[2] = False
+    return entry[2] or None
 
 
 def _value_set(ref, type_: pa.DataType) -> pa.Array:

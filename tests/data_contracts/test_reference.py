@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import data_contracts.rules as rules
 from data_contracts.rules import Reference, Rule, _lookup
 
 
@@ -23,22 +24,24 @@ def test_reference_positions_are_index_in():
     np.testing.assert_array_equal(Reference(keys).find(batch), expected)
 
 
-def test_rules_judge_as_before_and_reuse_the_reference():
+def test_rules_judge_as_before_and_reuse_the_reference(monkeypatch):
+    monkeypatch.setattr(rules, "HASH_AFTER", 1)
     rng = np.random.default_rng(1)
     known = ids(rng, 400, 600).unique()
     catalog = pa.table({"entity_id": known, "entity_type": pa.array(rng.choice(["product", "user"], len(known)))})
     rule = Rule("in", "in_reference", ("entity_id",), "", param="known")
     typed = Rule("type", "matches_reference", ("entity_id",), "", param="catalog", other="entity_type")
-    for seed in range(3):  # batches against the same params
+    for seed in range(4):  # batches against the same params: pyarrow's lookup first, the cached one after
         r = np.random.default_rng(seed)
-        table = pa.table({"entity_id": ids(r, 300, 900, nulls=0.1), "entity_type": pa.array(r.choice(["product", "user"], 300))})
+        table = pa.table({"entity_id": ids(r, 50, 900, nulls=0.1), "entity_type": pa.array(r.choice(["product", "user"], 50))})
         params = {"known": known, "catalog": catalog}
         expected = ~pc.is_in(table.column("entity_id"), value_set=known).to_numpy(zero_copy_only=False)
         expected &= table.column("entity_id").is_valid().to_numpy(zero_copy_only=False)  # nulls are not_null's
         np.testing.assert_array_equal(rule.violations(table, params), expected)
         ref = pc.take(catalog.column("entity_type"), pc.index_in(table.column("entity_id"), value_set=known))
-        assert _lookup(table.column("entity_id"), catalog, "entity_type").equals(ref.combine_chunks())
+        assert _lookup(table.column("entity_id"), catalog, "entity_type").combine_chunks().equals(ref.combine_chunks())
         broken = pc.fill_null(pc.not_equal(table.column("entity_type"), ref), False).to_numpy(zero_copy_only=False)
         np.testing.assert_array_equal(typed.violations(table, params), broken)
+    assert all(e[2] for e in rules._REFERENCES.values() if e[0] is known or e[0] is catalog)
     # a Python collection as the reference still works (no cache)
     assert rule.violations(pa.table({"entity_id": ["e1", None, "zz"]}), {"known": ["e1"]}).tolist() == [False, False, True]
