@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -140,80 +141,30 @@ def _not_in(values: pa.ChunkedArray, ref) -> pa.Array:
     return pa.array(found.find(values) < 0)
 
 
-def string_hashes(strings: pa.Array) -> np.ndarray:
-    """(n,) uint64 a hash of each string's UTF-8 bytes, computed from the Arrow buffers (no Python string per row; a
-    null's value is arbitrary): a polynomial over the bytes modulo 2^64, mixed with the length."""
-    width = np.int32 if strings.type == pa.string() else np.int64
-    offsets = np.frombuffer(strings.buffers()[1], width)[strings.offset:strings.offset + len(strings) + 1].astype(np.int64)
-    data = np.frombuffer(strings.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] if len(strings) else np.zeros(0, np.uint8)
-    starts, lengths = offsets[:-1] - offsets[0], np.diff(offsets)
-    within = np.arange(len(data), dtype=np.int64) - np.repeat(starts, lengths)  # each byte's place in its string
-    powers = np.cumprod(np.full(max(int(lengths.max(initial=0)), 1), 0x100000001B3, np.uint64), dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        total = np.concatenate([np.zeros(1, np.uint64), np.cumsum(data * powers[within], dtype=np.uint64)])
-        h = (total[starts + lengths] - total[starts]) ^ (lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-        h ^= h >> np.uint64(33)  # murmur3's 64-bit finaliser spreads the bits
-        h *= np.uint64(0xFF51AFD7ED558CCD)
-        h ^= h >> np.uint64(33)
-        h *= np.uint64(0xC4CEB9FE1A85EC53)
-        h ^= h >> np.uint64(33)
-    return h
-
-
 class Reference:
-    """A reference's values hashed once: each batch's lookup costs its own rows, not the reference's.
+    """A reference's values indexed once: each batch's lookup costs its own rows, not the reference's.
 
     `pc.is_in` / `pc.index_in` build a hash set of the whole value set on every call; ingestion validates a window in
-    batches of ~65k rows against one catalogue of up to 10^6 ids, so rebuilding it per batch was most of the time.
-    Here the reference's distinct values are kept sorted by a 64-bit hash; a batch's ids are hashed, found by binary
-    search and compared with the value found, so the answer is exactly index_in's (the first position of the value, a
-    null id at the reference's first null). References with two values of one hash are not cached (`usable`)."""
+    batches of ~65k rows against one catalogue of up to 10^6 ids, so rebuilding it per batch was most of the time. A
+    pandas Index keeps its hash table; it holds each value's first position, so `find` answers as index_in does (a
+    null id at the reference's first null)."""
 
     def __init__(self, keys: pa.Array | pa.ChunkedArray):
         keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-        self.keys = keys
+        values = pd.Index(keys.to_pandas())
         valid = ~np.asarray(keys.is_null().to_numpy(zero_copy_only=False), bool)
         nulls = np.flatnonzero(~valid)
         self.null_position = int(nulls[0]) if len(nulls) else -1
-        h = string_hashes(keys)
-        positions = np.flatnonzero(valid)
-        order = positions[np.argsort(h[positions], kind="stable")]  # equal hashes keep position order: first wins
-        hs = h[order]
-        first = np.concatenate([[True], hs[1:] != hs[:-1]]) if len(hs) else np.zeros(0, bool)
-        self.hashes, self.positions = hs[first], order[first]  # (R,) sorted distinct hashes, their first position
-        self.shift = np.uint64(64 - max(1, int(np.ceil(np.log2(max(len(self.hashes), 2)))) + 1))  # <= 1/2 hash per bucket
-        buckets = self.hashes >> self.shift
-        self.ptr = np.searchsorted(buckets, np.arange((1 << (64 - int(self.shift))) + 1, dtype=np.uint64))  # bucket -> rows
-        self.depth = int(np.diff(self.ptr).max(initial=0))  # the fullest bucket
-        # every repeat of a hash must be a repeat of the value, else two values share a hash
-        repeat = order[~first]
-        self.usable = bool(pc.all(pc.equal(keys.take(pa.array(repeat)),
-                                           keys.take(pa.array(self.positions[np.searchsorted(self.hashes, hs[~first])])))).as_py()
-                           ) if len(repeat) else True
+        first = valid & ~values.duplicated(keep="first")
+        self.positions = np.flatnonzero(first)  # each distinct value's first position
+        self.index = values[first]
 
     def find(self, ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """(len(ids),) int64 position of each id in the reference's keys (index_in's), -1 where absent."""
         ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-        out = np.full(len(ids), -1, np.int64)
-        if len(self.hashes):
-            h = string_hashes(ids)
-            b = (h >> self.shift).astype(np.int64)
-            lo, hi = self.ptr[b], self.ptr[b + 1]
-            candidate = np.full(len(ids), -1, np.int64)
-            rows = np.flatnonzero(hi > lo)  # ids whose bucket holds a hash
-            for k in range(self.depth):  # the k-th hash of each id's bucket (most hold none or one)
-                at = lo[rows] + k
-                hit = self.hashes[at] == h[rows]
-                candidate[rows[hit]] = self.positions[at[hit]]
-                rows = rows[~hit & (at + 1 < hi[rows])]
-                if not len(rows):
-                    break
-            maybe = np.flatnonzero(candidate >= 0)
-            same = pc.equal(ids.take(pa.array(maybe)), self.keys.take(pa.array(candidate[maybe])))
-            found = maybe[np.asarray(pc.fill_null(same, False).to_numpy(zero_copy_only=False), bool)]
-            out[found] = candidate[found]
-        null = ~np.asarray(ids.is_valid().to_numpy(zero_copy_only=False), bool)
-        out[null] = self.null_position
+        at = self.index.get_indexer(ids.to_pandas())
+        out = np.where(at >= 0, self.positions[np.maximum(at, 0)] if len(self.positions) else -1, -1).astype(np.int64)
+        out[~np.asarray(ids.is_valid().to_numpy(zero_copy_only=False), bool)] = self.null_position
         return out
 
 
@@ -221,7 +172,7 @@ _STRINGS = (pa.string(), pa.large_string())
 # id(owner) -> [owner, lookups so far, its Reference or None], last used last
 _REFERENCES: OrderedDict[int, list] = OrderedDict()
 CACHED_REFERENCES = 8  # references kept (a window's run uses 2-3: ids, user ids, the catalogue)
-HASH_AFTER = 3  # pyarrow answers a reference's first lookups: hashing it costs ~9 of them, so only a reused one is hashed
+HASH_AFTER = 1  # pyarrow answers a reference's first lookup; indexing it costs about two, so only a reused one is indexed
 HASH_RATIO = 4  # ... and only one at least this many times larger than the batch (else pyarrow's own hash set is cheaper)
 
 
@@ -243,9 +194,7 @@ def _reference(owner, keys, ids) -> Reference | None:
         if k.type not in _STRINGS or len(k) < HASH_RATIO * len(ids):
             return None
         entry[2] = Reference(k)
-        if not entry[2].usable:
-            entry[2] = False
-    return entry[2] or None
+    return entry[2]
 
 
 def _value_set(ref, type_: pa.DataType) -> pa.Array:
