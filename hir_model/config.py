@@ -70,10 +70,10 @@ class HIRConfig:
 
 def _synthetic_config(overrides: Mapping[str, Any]):
     """The preset named by overrides["scale"] (default small), then every other key over it."""
-    from hir_model.data.synthetic_config import SCALES, SyntheticConfig, preset
+    from hir_model.data.synthetic_config import DEFAULT_SCALE, SCALES, SyntheticConfig, preset
 
     values = dict(overrides)
-    scale = values.pop("scale", "small")
+    scale = values.pop("scale", DEFAULT_SCALE)
     if scale not in SCALES:
         raise ConfigError(f"[synthetic] scale {scale!r} (or HIR_SYNTHETIC_SCALE) is not one of {tuple(SCALES)}")
     names = set(SyntheticConfig.__dataclass_fields__)
@@ -87,8 +87,10 @@ def _synthetic_config(overrides: Mapping[str, Any]):
 
 def _synthetic_label(synthetic: Mapping[str, Any]) -> str:
     """`synthetic`, or `synthetic-<scale>` for a preset other than small: its data and tables get their own folders."""
-    scale = synthetic.get("scale", "small")
-    return "synthetic" if scale == "small" else f"synthetic-{scale}"
+    from hir_model.data.synthetic_config import DEFAULT_SCALE
+
+    scale = synthetic.get("scale", DEFAULT_SCALE)
+    return "synthetic" if scale == DEFAULT_SCALE else f"synthetic-{scale}"
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> HIRConfig:
