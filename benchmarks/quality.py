@@ -85,7 +85,8 @@ from hir_model.eval.compare import compare  # noqa: E402
 from hir_model.rank.head import HeadConfig  # noqa: E402
 from hir_model.eval.pages import write_report  # noqa: E402
 from hir_model.eval.report import evaluated, summary  # noqa: E402
-from hir_model.eval.run import EvalConfig, evaluate_windows  # noqa: E402
+from hir_model.eval.run import evaluate_windows  # noqa: E402
+from hir_model.eval.scoring import EvalConfig  # noqa: E402
 from hir_model.storage import PartitionStore  # noqa: E402
 from hir_model.train.config import TrainConfig, with_overrides  # noqa: E402
 

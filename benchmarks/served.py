@@ -22,7 +22,8 @@ sys.path.insert(0, str(REPO))
 
 from hir_model.config import load_config  # noqa: E402
 from hir_model.eval.publish import EVALUATION_ASSET, read_evaluation  # noqa: E402
-from hir_model.eval.run import EvalConfig, TableReader, load_split  # noqa: E402
+from hir_model.eval.run import TableReader, load_split  # noqa: E402
+from hir_model.eval.scoring import EvalConfig  # noqa: E402
 from hir_model.rank.recommender import Recommender  # noqa: E402
 from hir_model.storage import PartitionStore  # noqa: E402
 

@@ -27,7 +27,8 @@ import pyarrow as pa
 from hir_model.baselines.als import ImplicitALS
 from hir_model.baselines.lightgcn import LightGCN
 from hir_model.eval.lift import LiftResult, ModelScore
-from hir_model.eval.run import USER_COLUMNS, MethodTiming, SliceResult, WindowEvaluation, WindowSkipped
+from hir_model.eval.run import USER_COLUMNS, WindowEvaluation, WindowSkipped
+from hir_model.eval.scoring import MethodTiming, SliceResult
 from hir_model.protocol.method import Method
 from hir_model.protocol.metrics import RankingMetrics
 from hir_model.protocol.split import SplitCounts

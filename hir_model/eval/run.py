@@ -1,4 +1,5 @@
-"""Evaluate window t from the published tables: what the `window_evaluation` asset computes.
+"""Evaluate window t from the published tables: what the `window_evaluation` asset computes (the scoring of the
+split, its judged-user samples and query blocks, is hir_model.eval.scoring).
 
 Reads, and only reads: `raw_events` of every window <= t (the train history), `entity_catalog` of t (the
 known items), window t+1's `raw_events` (the test events) and, from t+1's `entity_catalog`, only the
@@ -11,8 +12,6 @@ of t+2 or later is opened. A window without a successor returns `WindowSkipped`,
 from __future__ import annotations
 
 import logging
-import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -24,55 +23,19 @@ import pyarrow.compute as pc
 from hir_model.content import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import Window, WindowSpec
-from hir_model.eval.lift import LiftConfig, LiftResult, PairFeatures, conversion_lift, pair_features
-from hir_model.eval.text_vectors import TextVectorConfig, entity_text, text_vectors
+from hir_model.eval.lift import LiftResult, PairFeatures, conversion_lift, pair_features
+from hir_model.eval.scoring import (EvalConfig, MethodTiming, SliceResult, evaluate_split, query_blocks, sample_rows,
+                                    user_priority)
+from hir_model.eval.text_vectors import entity_text, text_vectors
 from hir_model.protocol.method import Method
-from hir_model.protocol.metrics import Ragged, RankingMetrics, ranking_metrics
-from hir_model.protocol.split import (CATALOG_COLUMNS, EVENT_COLUMNS, ITEM_GROUPS, TARGET_KINDS, ItemSpace, SplitConfig,
-                                      SplitCounts, WindowSplit, build_split, warm_queries)
+from hir_model.protocol.split import (CATALOG_COLUMNS, EVENT_COLUMNS, ItemSpace, SplitCounts, WindowSplit, build_split,
+                                      warm_queries)
 
 log = logging.getLogger("hir")
 
 TEXT_COLUMNS = ["title", "description", "category"]
 USER_METRICS = ("recall@20", "ndcg@20")  # the per-user values published beside the means (to_user_table)
 USER_COLUMNS = ["window", "method", "users", "items", "target", "user_id", "metric", "value"]  # to_user_table's
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    split: SplitConfig = SplitConfig()
-    recall_ks: tuple[int, ...] = (10, 20, 50)
-    ndcg_ks: tuple[int, ...] = (10, 20)
-    content: str = "auto"  # "asset" (content_embeddings), "text" (hashed TF-IDF stand-in), "auto" (asset if there)
-    text: TextVectorConfig = TextVectorConfig()
-    lift: LiftConfig = LiftConfig()
-    lift_method: str | None = "mf_als"  # whose warm-user pair score is the extra lift block (the asset: "hir")
-    score_batch: int = 1024  # queries scored at once (fewer when a block would pass score_cells)
-    score_cells: int = 64_000_000  # queries x items scored at once (256 MB of float32 scores)
-    # judged users per slice (and users of the lift's pairs) above which a fixed, seeded sample of this many is
-    # evaluated; larger than any window of MovieLens or the `small` synthetic preset (4,200 users), so those are never sampled
-    max_users: int = 5_000
-    seed: int = 0  # of the candidates' tie-break order (shared by every method) and of the user samples
-
-
-@dataclass(frozen=True)
-class SliceResult:
-    method: str
-    users: str  # "warm" | "cold"
-    items: str  # "known" (known by end(t)) | "new" (first seen in t+1)
-    target: str  # "deep_funnel" | "engagement"
-    candidates: int  # items ranked for every user of the slice (the whole item group)
-    metrics: RankingMetrics  # over metrics.n_users users: all judged users, or a seeded sample of max_users of them
-    # (metrics.n_users,) object: the user behind each of metrics.per_user's values (None when read back without them)
-    user_ids: np.ndarray | None = field(default=None, compare=False, repr=False)
-    judged: int | None = field(default=None, compare=False)  # users with a target before sampling (None: metrics.n_users)
-
-
-@dataclass(frozen=True)
-class MethodTiming:
-    method: str
-    fit_s: float
-    score_s: float
 
 
 @dataclass(frozen=True)
@@ -216,117 +179,6 @@ def load_split(reader: TableReader, spec: WindowSpec, window: Window, next_windo
     return split, _within(next_events, next_window)
 
 
-def _blocks(n: int, n_items: int, config: EvalConfig) -> list[tuple[int, int]]:
-    """[lo, hi) query blocks of score_batch rows, fewer where a block would pass score_cells."""
-    batch = max(1, min(config.score_batch, config.score_cells // max(n_items, 1)))
-    return [(lo, min(lo + batch, n)) for lo in range(0, n, batch)]
-
-
-def _tie_order(key: str, n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng([seed, zlib.crc32(key.encode()), n]).permutation(n)
-
-
-def _priority(user_ids: np.ndarray, key: str, seed: int) -> np.ndarray:
-    """(U,) uint32 a user's fixed place in the window's samples: a seeded hash of the id (the same for every method,
-    slice and run); a sample of k is the k lowest, so samples of nested populations are nested."""
-    salt = zlib.crc32(f"{seed}:{key}".encode())
-    return np.fromiter((zlib.crc32(str(u).encode(), salt) for u in user_ids), np.uint32, len(user_ids))
-
-
-def sample_rows(rows: np.ndarray, priority: np.ndarray, cap: int) -> np.ndarray:
-    """`rows` (ascending) when at most `cap`, else the `cap` of them with the lowest priority[rows], ascending."""
-    if len(rows) <= cap:
-        return rows
-    return np.sort(rows[np.argsort(priority[rows], kind="stable")[:cap]])
-
-
-def merge_metrics(parts: Sequence[RankingMetrics], offsets: Sequence[int]) -> RankingMetrics:
-    """One RankingMetrics of consecutive row blocks (block i's rows start at offsets[i]): the per-user values in
-    order and their means, as ranking_metrics over the stacked blocks would give them."""
-    per_user = {name: np.concatenate([p.per_user[name] for p in parts]) for name in parts[0].per_user}
-    rows = np.concatenate([p.rows + o for p, o in zip(parts, offsets)])
-    recall = {k: float(np.mean(per_user[f"recall@{k}"])) for k in parts[0].recall}
-    ndcg = {k: float(np.mean(per_user[f"ndcg@{k}"])) for k in parts[0].ndcg}
-    return RankingMetrics(sum(p.n_users for p in parts), sum(p.n_targets for p in parts), recall, ndcg, per_user, rows)
-
-
-@dataclass(frozen=True)
-class _Slice:
-    items: str
-    target: str
-    lo: int
-    hi: int
-    targets: Ragged  # (judged rows) the slice's targets, columns within [lo, hi)
-    exclude: Ragged  # (judged rows) the context within [lo, hi)
-    rows: np.ndarray  # (n,) the group's query rows evaluated (ascending): every judged row, or a sample of them
-    judged: int  # rows with a target before sampling
-
-
-def _slices(split: WindowSplit, group, config: EvalConfig) -> list[_Slice]:
-    """The group's slices with at least one judged user, each with its (sampled) rows."""
-    out, priority = [], None
-    for items in ITEM_GROUPS:
-        lo, hi = split.items.group(items)
-        if hi == lo or len(group.queries) == 0:
-            continue
-        exclude = group.queries.context.within(lo, hi)
-        for target in TARGET_KINDS:
-            tg = group.targets(target).within(lo, hi)
-            judged = np.flatnonzero(tg.sizes > 0)
-            if len(judged) == 0:
-                continue
-            if len(judged) > config.max_users and priority is None:
-                priority = _priority(group.queries.user_ids, split.window, config.seed)
-            rows = sample_rows(judged, priority, config.max_users) if len(judged) > config.max_users else judged
-            out.append(_Slice(items, target, lo, hi, tg.take(rows), exclude.take(rows), rows, len(judged)))
-    return out
-
-
-def evaluate_split(split: WindowSplit, methods: Sequence[Method], config: EvalConfig = EvalConfig()
-                   ) -> tuple[tuple[SliceResult, ...], tuple[MethodTiming, ...]]:
-    """Fit every method on the split's train set, score warm and cold users, compute every slice's metrics.
-
-    Queries are scored in blocks and each block is ranked at once, so no users x items matrix is ever held. A slice
-    with more than `max_users` judged users is evaluated on a seeded sample of that many (SliceResult.judged says of
-    how many); only users some slice evaluates are scored. Without sampling the blocks are today's batches of every
-    query of the group, so the values are those of scoring the whole matrix."""
-    results, timings = [], []
-    known_items = split.items.known()
-    ties = {g: _tie_order(f"{split.window}:{g}", hi - lo, config.seed) for g in ITEM_GROUPS
-            for lo, hi in [split.items.group(g)]}
-    plans = [(group, _slices(split, group, config)) for group in (split.warm, split.cold)]
-    for method in methods:
-        t0 = time.perf_counter()
-        method.fit(split.train, known_items)
-        fit_s, score_s = time.perf_counter() - t0, 0.0
-        for group, slices in plans:
-            if not slices:
-                continue
-            sampled = any(len(sl.rows) < sl.judged for sl in slices)
-            scored = (np.unique(np.concatenate([sl.rows for sl in slices])) if sampled
-                      else np.arange(len(group.queries)))  # (S,) ascending query rows
-            parts: list[list[tuple[RankingMetrics, int]]] = [[] for _ in slices]
-            for a, b in _blocks(len(scored), len(split.items), config):
-                t1 = time.perf_counter()
-                block = method.score(group.queries.take(scored[a:b]), split.items)  # (b - a, N)
-                score_s += time.perf_counter() - t1
-                for sl, part in zip(slices, parts):
-                    first, last = np.searchsorted(sl.rows, [scored[a], scored[b - 1] + 1])
-                    if first == last:
-                        continue
-                    at = np.searchsorted(scored[a:b], sl.rows[first:last])  # their rows of the block
-                    take = np.arange(first, last)
-                    m = ranking_metrics(block[at, sl.lo:sl.hi], sl.targets.take(take), sl.exclude.take(take),
-                                        config.recall_ks, config.ndcg_ks, ties[sl.items])
-                    part.append((m, int(first)))
-            for sl, part in zip(slices, parts):
-                m = merge_metrics([p for p, _ in part], [o for _, o in part])
-                results.append(SliceResult(method.name, group.name, sl.items, sl.target, sl.hi - sl.lo, m,
-                                           group.queries.user_ids[sl.rows[m.rows]], sl.judged))
-        timings.append(MethodTiming(method.name, round(fit_s, 4), round(score_s, 4)))
-    return tuple(results), tuple(timings)
-
-
 LiftFeatures = Callable[[PairFeatures], tuple[np.ndarray, tuple[str, ...]]]  # (P, E) extra pair features, their names
 
 
@@ -341,7 +193,7 @@ def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], 
     sampled = len(users_all) > config.max_users
     if sampled:
         keep_users = users_all[sample_rows(np.arange(len(users_all)),
-                                           _priority(users_all, split.window, config.seed), config.max_users)]
+                                           user_priority(users_all, split.window, config.seed), config.max_users)]
         pairs = pairs.take(np.flatnonzero(np.isin(pairs.user_ids, keep_users)))
     blocks, names = [], []
     chosen = [m for m in methods if m.name == config.lift_method]
@@ -353,9 +205,10 @@ def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], 
         if len(users):  # the method's score of the pair from the user's history only (nothing of t+1)
             queries, pair_rows, pair_items = warm_queries(split.train, users), np.flatnonzero(warm), pairs.item_index[warm]
             order = np.argsort(inverse, kind="stable")  # the warm pairs grouped by user block
-            bounds = np.searchsorted(inverse[order], [b for _, b in _blocks(len(users), len(split.items), config)])
+            user_blocks = query_blocks(len(users), len(split.items), config)
+            bounds = np.searchsorted(inverse[order], [b for _, b in user_blocks])
             start = 0
-            for (a, b), stop in zip(_blocks(len(users), len(split.items), config), bounds):
+            for (a, b), stop in zip(user_blocks, bounds):
                 s = chosen[0].score(queries.take(np.arange(a, b)), split.items)  # (b - a, N)
                 at = order[start:stop]
                 score[pair_rows[at]] = s[inverse[at] - a, pair_items[at]]
@@ -386,7 +239,7 @@ def evaluate_window(store, spec: WindowSpec, key: str, methods: Sequence[Method]
     content_source = "none"
     if len(split.items):
         items, content_source = item_content(reader, split.items, window, next_window, config)
-        split = WindowSplit(split.window, split.next_window, split.train, items, split.warm, split.cold, split.counts)
+        split = replace(split, items=items)
     results, timings = evaluate_split(split, methods, config)
     lift = _lift(split, next_events, methods, config, lift_features) if config.lift_method is not None or lift_features else None
     log.info("evaluated %s on %s: %d warm, %d cold users", key, next_window.key, split.counts.warm_users, split.counts.cold_users)

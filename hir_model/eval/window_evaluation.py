@@ -31,7 +31,8 @@ from hir_model.eval.lift import PairFeatures
 from hir_model.protocol.method import Method
 from hir_model.eval.publish import (EVALUATION_ASSET, STATE_FILE, load_states, method_state, previous_state_key,
                                     restore_state)
-from hir_model.eval.run import EvalConfig, TableReader, WindowEvaluation, WindowSkipped, evaluate_window
+from hir_model.eval.run import TableReader, WindowEvaluation, WindowSkipped, evaluate_window
+from hir_model.eval.scoring import EvalConfig
 from hir_model.protocol.split import to_us
 from hir_model.embed import EMBEDDINGS_ASSET
 from hir_model.graph.window import GRAPH_ASSET

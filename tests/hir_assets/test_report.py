@@ -9,7 +9,8 @@ from hir_assets.partitions import window_partitions
 from hir_assets.report import REPORT_ASSET, build_report_assets, report_settings
 from hir_assets.resources import LocalPartitionStorage, SourceResource
 from hir_model.config import HIRConfig
-from hir_model.eval.run import EvalConfig, evaluate_windows
+from hir_model.eval.run import evaluate_windows
+from hir_model.eval.scoring import EvalConfig
 from tests.hir_model.eval.test_report import SMALL, publish
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hir_model.eval.compare import BootstrapConfig, compare, comparison_markdown, user_values
-from hir_model.eval.run import SliceResult, WindowEvaluation, WindowSkipped
+from hir_model.eval.run import WindowEvaluation, WindowSkipped
+from hir_model.eval.scoring import SliceResult
 from hir_model.protocol.metrics import RankingMetrics
 from hir_model.protocol.split import SplitCounts
 

@@ -18,7 +18,8 @@ from hir_model.rank.head import HeadConfig
 from hir_model.rank.inductive import InductiveEncoder
 from hir_model.rank.recommender import Recommender, user_rows
 from hir_model.rank.state import HEAD_ASSET, read_head
-from hir_model.eval.run import EvalConfig, TableReader, load_split
+from hir_model.eval.run import TableReader, load_split
+from hir_model.eval.scoring import EvalConfig
 from hir_model.eval.window_evaluation import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
 from hir_model.graph.build import GraphConfig
 from hir_model.graph.hashing import hash_codes

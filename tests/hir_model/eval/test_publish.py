@@ -12,7 +12,8 @@ from hir_model.baselines.lightgcn import LightGCNConfig
 from hir_model.baselines.registry import BaselinesConfig, baselines
 from hir_model.eval.publish import (EVALUATION_ASSET, METRICS_FILE, STATE_FILE, USERS_FILE, collect, collect_users, from_tables,
                                     read_evaluation, summary_table, with_user_values, write_evaluation)
-from hir_model.eval.run import EvalConfig, WindowEvaluation, evaluate_windows
+from hir_model.eval.run import WindowEvaluation, evaluate_windows
+from hir_model.eval.scoring import EvalConfig
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
 
 torch.set_num_threads(1)

@@ -14,7 +14,8 @@ from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, SUMMARY_FILE,
 from hir_model.eval.pages import (comparison_table, git_commit, print_last_window, report_path, user_band,
                                   write_source_report)
 from hir_model.eval.report import evaluated, plot_per_method
-from hir_model.eval.run import EvalConfig, evaluate_windows
+from hir_model.eval.run import evaluate_windows
+from hir_model.eval.scoring import EvalConfig
 from hir_model.storage import PartitionStore
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
 

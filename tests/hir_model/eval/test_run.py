@@ -10,7 +10,8 @@ from hir_model.baselines.lightgcn import LightGCNConfig
 from hir_model.baselines.registry import BaselinesConfig, baselines
 from hir_model.eval.pages import write_report
 from hir_model.eval.report import markdown_table, summary
-from hir_model.eval.run import EvalConfig, WindowEvaluation, WindowSkipped, evaluate_windows
+from hir_model.eval.run import WindowEvaluation, WindowSkipped, evaluate_windows
+from hir_model.eval.scoring import EvalConfig
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
 
 torch.set_num_threads(1)

@@ -7,7 +7,7 @@ import numpy as np
 from hir_model.baselines.als import ALSConfig, ImplicitALS
 from hir_model.baselines.content_knn import ContentKNN
 from hir_model.baselines.popularity import Popularity
-from hir_model.eval.run import EvalConfig, _tie_order, evaluate_split, sample_rows
+from hir_model.eval.scoring import EvalConfig, _tie_order, evaluate_split, sample_rows
 from hir_model.protocol.metrics import Ragged, ranking_metrics
 from hir_model.protocol.split import ITEM_GROUPS, TARGET_KINDS, SplitCounts, UserGroup, WindowSplit
 from tests.hir_model.baselines.planted import planted

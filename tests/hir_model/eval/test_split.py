@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hir_model.baselines.popularity import Popularity
-from hir_model.eval.run import TableReader, WindowSkipped, evaluate_window, load_split, EvalConfig
+from hir_model.eval.run import TableReader, WindowSkipped, evaluate_window, load_split
+from hir_model.eval.scoring import EvalConfig
 from tests.hir_model.eval.tiny import KEYS, SPEC, tiny_store
 
 

@@ -11,7 +11,8 @@ import torch
 
 from hir_model.embed import EntityEmbeddings
 from hir_model.eval.hir import HeadMethod
-from hir_model.eval.run import EvalConfig, TableReader, load_split
+from hir_model.eval.run import TableReader, load_split
+from hir_model.eval.scoring import EvalConfig
 from hir_model.graph.window import to_us
 from hir_model.protocol.split import Interactions, to_us as split_us
 from hir_model.rank.artefacts import load_artefacts
