@@ -9,7 +9,7 @@ from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import (CATALOG_CLIP, CONTENT_ASSET, CONTENT_FILE, embed_window, embedding_report, interest_agreement,
                                load_checkpoint, refresh, write_checkpoint)
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE
-from hir_model.storage import PartitionStore
+from hir_model.storage import latest_before
 
 GROUP = "enrichment"
 CLIP_ASSET, CHECKPOINT_FILE, STATUS_FILE = "catalog_clip", "checkpoint.pt", "status"  # the asset and its files
@@ -20,12 +20,6 @@ NORM_TOLERANCE = 1e-3  # |norm - 1| allowed (float32)
 NEIGHBOURS = 10  # k of the interest-agreement check
 INTEREST_THRESHOLD = 0.3  # share of the k nearest products sharing the planted fine interest; chance is about 1/36
 PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)  # window t-1 of the same asset
-
-
-def _latest_before(store: PartitionStore, asset: str, key: str, filename: str) -> str | None:
-    """The latest partition before `key` that holds `filename` (usually t-1; an earlier one if t-1 was never run)."""
-    earlier = [p for p in store.partitions(asset) if p < key and (store.partition_dir(asset, p) / filename).is_file()]
-    return earlier[-1] if earlier else None
 
 
 def _progress(context: dg.AssetExecutionContext, what: str):
@@ -62,7 +56,7 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
                      content: ContentModels) -> dg.MaterializeResult:
         """An open_clip model fitted to the catalogue's image-text pairs, for where no pretrained weights are available."""
         key, store, models = context.partition_key, storage.store(), content.content_config()
-        prev_key = _latest_before(store, CLIP_ASSET, key, CHECKPOINT_FILE)
+        prev_key = latest_before(store, CLIP_ASSET, key, CHECKPOINT_FILE)
         prev_path = store.partition_dir(CLIP_ASSET, prev_key) / CHECKPOINT_FILE if prev_key else None
         if models.image.model != CATALOG_CLIP:
             result, status = None, _status("not_used", f"image tower is {models.image.model!r}", None, None, 0, 0.0)
@@ -116,7 +110,7 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
         catalog = store.read(CATALOG_ASSET, key, ENTITIES_FILE)
         clip_status = store.read(CLIP_ASSET, key, STATUS_FILE).to_pylist()[0]  # (fails clearly if catalog_clip did not run)
         checkpoint = store.partition_dir(CLIP_ASSET, key) / CHECKPOINT_FILE
-        prev_key = _latest_before(store, CONTENT_ASSET, key, f"{CONTENT_FILE}.parquet")
+        prev_key = latest_before(store, CONTENT_ASSET, key, f"{CONTENT_FILE}.parquet")
         previous = store.read(CONTENT_ASSET, prev_key, CONTENT_FILE) if prev_key else None
         build = embed_window(catalog, models, checkpoint if checkpoint.is_file() else None, previous,
                              _progress(context, CONTENT_ASSET), config.force_reembed)

@@ -17,7 +17,7 @@ from hir_assets.resources import PartitionStorage
 from hir_model.content import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import EVENTS_ASSET, EVENTS_FILE
 from hir_model.graph.window import GRAPH_ASSET
-from hir_model.storage import PartitionStore
+from hir_model.storage import PartitionStore, latest_before
 from hir_model.train.checkpoint import CHECKPOINT_FILE, ENCODER_ASSET
 
 GROUP = "training"
@@ -49,8 +49,7 @@ class HirEncoderRun(dg.Config):
 
 def previous_checkpoint(store: PartitionStore, key: str) -> str | None:
     """The latest partition before `key` holding a checkpoint (what window `key` warm-starts from)."""
-    earlier = [p for p in store.partitions(ENCODER_ASSET) if p < key and (store.partition_dir(ENCODER_ASSET, p) / CHECKPOINT_FILE).is_file()]
-    return earlier[-1] if earlier else None
+    return latest_before(store, ENCODER_ASSET, key, CHECKPOINT_FILE)
 
 
 def command(args: list[str], nproc: int) -> list[str]:

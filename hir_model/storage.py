@@ -138,6 +138,13 @@ def _writer_alive(token: str) -> bool:
     return True
 
 
+def latest_before(store: PartitionStore, asset: str, key: str, file: str) -> str | None:
+    """The latest partition of `asset` before `key` with `file` (its name with the extension) in its folder: usually
+    t-1, an earlier one where t-1 was never run."""
+    earlier = [p for p in store.partitions(asset) if p < key and (store.partition_dir(asset, p) / file).is_file()]
+    return earlier[-1] if earlier else None
+
+
 class S3PartitionStore(PartitionStore):
     """The same partitions on S3 (or any S3-compatible store), atomically.
 
