@@ -33,41 +33,39 @@ evaluation's hir_embeddings row (no fitted prior weight, no paired CIs; benchmar
 --budgets runs the window chain (--first .. --windows) once per budget (default = hir.toml's settings) with
 --eval-next and prints per budget the samples seen and the training seconds per window and the proxies over the last 4
 evaluated windows.
+
+benchmarks/gpu_meter.py holds the GPU meter, benchmarks/train_quality.py the NMI report and the recall proxy.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hir_model.data.windows import WindowSpec  # noqa: E402
-from hir_model.graph.build import build_graph  # noqa: E402
-from hir_model.graph.types import NODE_TYPES  # noqa: E402
-from hir_model.graph.window import to_us  # noqa: E402
-from hir_model.train.checkpoint import load_checkpoint  # noqa: E402
+from gpu_meter import GpuMeter  # noqa: E402 - benchmarks/ (the script's folder) is on sys.path
 from hir_model.config import load_config  # noqa: E402
-from hir_model.train.config import TrainConfig, parse_overrides, set_fields, with_overrides  # noqa: E402
+from hir_model.data.windows import WindowSpec  # noqa: E402
 from hir_model.eval.text_vectors import stand_in_table  # noqa: E402
-from hir_model.train.window_data import window_train_data  # noqa: E402
+from hir_model.graph.build import build_graph  # noqa: E402
+from hir_model.graph.window import to_us  # noqa: E402
 from hir_model.storage import PartitionStore  # noqa: E402
+from hir_model.train.config import TrainConfig, parse_overrides, set_fields, with_overrides  # noqa: E402
 from hir_model.train.data import TrainData, active_nodes, align_content, engagement_pairs  # noqa: E402
-from hir_model.train.model import HIRModel  # noqa: E402
-from hir_model.train.trainer import TrainResult, assignments, embed_nodes, train_window  # noqa: E402
+from hir_model.train.trainer import TrainResult, train_window  # noqa: E402
+from hir_model.train.window_data import window_train_data  # noqa: E402
+from train_quality import next_window_recall, nmi_report, teacher_of  # noqa: E402
 
 
 def source_of(name: str):
@@ -80,147 +78,6 @@ def source_of(name: str):
         src = SyntheticSource(SyntheticConfig(), data_dir / "synthetic-seed7")
     src.prepare()
     return src
-
-
-def teacher_of(path: Path) -> tuple[HIRModel, TrainConfig]:
-    payload = load_checkpoint(path)
-    cfg = TrainConfig.from_dict(payload["extra"]["train_config"])
-    model = HIRModel(replace(cfg, encoder=TrainConfig.from_dict(payload["extra"]["train_config"]).encoder.__class__(**payload["config"])))
-    model.load_state_dict(payload["extra"]["teacher"])
-    return model.eval(), cfg
-
-
-def nmi_report(model: HIRModel, cfg: TrainConfig, data: TrainData, source, seed: int = 0) -> dict:
-    from sklearn.cluster import KMeans
-    from sklearn.metrics import normalized_mutual_info_score as nmi
-    truth = source.ground_truth.entities.filter(pa.compute.equal(source.ground_truth.entities.column("entity_type"), "product"))
-    node = data.graph.nodes.index_of(truth.column("entity_id"))
-    keep = (node >= 0) & np.isin(node, data.active)
-    node = node[keep]
-    learned = assignments(model, data, node, cfg)
-    planted = sum(c.startswith("interest_l") for c in truth.column_names)
-    out = {}
-    for lvl, a in enumerate(learned[:planted]):  # learned level l vs planted level l (finer learned levels: none to compare)
-        gt = truth.column(f"interest_l{lvl}").to_numpy()[keep]
-        out[f"nmi_l{lvl}"] = round(nmi(gt, a), 3)
-        z = embed_nodes(model, model.global_tokens(), data, node, cfg).numpy() if lvl == 0 else z
-        out[f"kmeans_embedding_nmi_l{lvl}"] = round(nmi(gt, KMeans(len(np.unique(gt)), n_init=4, random_state=seed).fit_predict(z)), 3)
-        x = data.content[node]
-        km = KMeans(len(np.unique(gt)), n_init=4, random_state=seed).fit_predict(x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-9))
-        out[f"kmeans_content_nmi_l{lvl}"] = round(nmi(gt, km), 3)
-    out["nmi_products"] = int(len(node))
-    return out
-
-
-class GpuMeter:
-    """Mean GPU utilisation (NVML's: the share of time a kernel ran) sampled on a thread while the block runs; with
-    `profile`, also the union of CUDA kernel intervals (torch.profiler) over the block's wall time."""
-
-    def __init__(self, device: torch.device, profile: bool = False):
-        self.on = device.type == "cuda"
-        self.profile = profile and self.on
-        self.read, self.source = _utilisation_reader(device) if self.on else (None, "na")
-        self.samples: list[float] = []
-        self.kernel_busy: float | None = None
-        self.wall = 0.0
-
-    def __enter__(self) -> GpuMeter:
-        self._stop = threading.Event()
-        if self.read is not None:
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        self._prof = None
-        if self.profile:
-            from torch.profiler import ProfilerActivity, profile
-            self._prof = profile(activities=[ProfilerActivity.CUDA])
-            self._prof.__enter__()
-        self._t0 = time.perf_counter()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.05):
-            try:
-                self.samples.append(float(self.read()))
-            except Exception:  # noqa: BLE001 - a failed read ends sampling, not the benchmark
-                return
-
-    def __exit__(self, *exc) -> None:
-        if self.on:
-            torch.cuda.synchronize()
-        self.wall = time.perf_counter() - self._t0
-        self._stop.set()
-        if self.read is not None:
-            self._thread.join()
-        if self._prof is not None:
-            self._prof.__exit__(None, None, None)
-            try:
-                busy = kernel_busy_seconds(self._prof)
-                self.kernel_busy = None if busy is None else busy / max(self.wall, 1e-9)
-            except Exception as e:  # noqa: BLE001
-                print(f"warning: reading the profiler's kernels failed ({type(e).__name__}: {e})", file=sys.stderr)
-
-    def fields(self) -> str:
-        if not self.on:
-            return ""
-        util = f"{np.mean(self.samples) / 100:.3f}" if self.samples else "na"
-        line = f" gpu_util={util} gpu_util_source={self.source} gpu_util_samples={len(self.samples)}"
-        if self.profile:
-            line += f" gpu_kernel_busy={'na' if self.kernel_busy is None else f'{self.kernel_busy:.3f}'}"
-        return line
-
-
-def _utilisation_reader(device: torch.device):
-    """(a function returning the GPU's utilisation in percent, where it came from), or (None, "na")."""
-    try:
-        torch.cuda.utilization(device)
-        return (lambda: torch.cuda.utilization(device)), "torch.cuda.utilization"
-    except Exception:  # noqa: BLE001 - no pynvml: NVML itself
-        pass
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        if nvml.nvmlInit_v2() != 0:
-            return None, "na"
-        handle = ctypes.c_void_p()
-        uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
-        uuid = uuid if not uuid or uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-        if not uuid or nvml.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(handle)) != 0:
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-            index = int(visible) if visible.isdigit() else (device.index or 0)
-            if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)) != 0:
-                return None, "na"
-
-        class Utilization(ctypes.Structure):
-            _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
-
-        def read() -> float:
-            u = Utilization()
-            if nvml.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(u)) != 0:
-                raise OSError("nvmlDeviceGetUtilizationRates failed")
-            return u.gpu
-
-        read()
-        return read, "nvml_ctypes"
-    except Exception:  # noqa: BLE001 - no driver library, MIG, ...
-        return None, "na"
-
-
-def kernel_busy_seconds(prof) -> float | None:
-    """Seconds during which at least one CUDA kernel ran: the union of the profiled kernels' intervals (None: the
-    profiler saw no kernel, e.g. without CUPTI)."""
-    spans = []
-    for e in prof.profiler.kineto_results.events():
-        if e.device_type() == torch.autograd.DeviceType.CUDA and e.duration_ns() > 0:
-            spans.append((e.start_ns(), e.start_ns() + e.duration_ns()))
-    return union_length(spans) / 1e9 if spans else None
-
-
-def union_length(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for lo, hi in sorted(spans):
-        if hi > end:
-            total += hi - max(lo, end)
-            end = hi
-    return total
 
 
 @dataclass
@@ -248,47 +105,6 @@ def windows_of(source, args, upto: int, no_content: bool) -> list[Window]:
             mat, has = (None, None) if no_content else align_content(graph, stand_in_table(catalog))
             data = TrainData(graph, end, active_nodes(graph, end), user, entity, sign, prob, mat, has)
         out.append(Window(w.key, data, nxt))
-    return out
-
-
-def next_window_recall(model: HIRModel, cfg: TrainConfig, data: TrainData, events: pa.Table, k: int = 20) -> dict:
-    """The recall proxy of --eval-next (see the module docstring): {next_r20_dot, next_r20_prior, next_users}."""
-    g = data.graph
-    node_type = np.asarray(g.nodes.node_type, np.int64)
-    active = np.zeros(g.num_nodes, bool)
-    active[data.active] = True
-    user_code, film_code = NODE_TYPES.index("user"), NODE_TYPES.index("product")
-    ev = events.filter(pc.equal(events.column("event_type"), "purchase"))
-    u, i = g.nodes.index_of(ev.column("user_id")), g.nodes.index_of(ev.column("entity_id"))
-    films = np.flatnonzero(active & (node_type == film_code))  # the candidates: films with engagement up to the cutoff
-    col = np.full(g.num_nodes, -1)
-    col[films] = np.arange(len(films))
-    keep = (u >= 0) & (i >= 0)
-    keep[keep] &= active[u[keep]] & (node_type[u[keep]] == user_code) & (col[i[keep]] >= 0)
-    users, row = np.unique(u[keep], return_inverse=True)
-    if not len(users) or not len(films):
-        return {"next_r20_dot": float("nan"), "next_r20_prior": float("nan"), "next_users": 0}
-    target = np.zeros((len(users), len(films)), bool)
-    target[row, col[i[keep]]] = True
-    seen = np.zeros_like(target)  # films each user engaged with up to the cutoff
-    ts, nb = np.asarray(g.last_ts), np.asarray(g.neighbours)
-    for r, user in enumerate(users):
-        lo, hi = g.indptr[user], g.indptr[user + 1]
-        c = col[nb[lo:hi][ts[lo:hi] <= data.cutoff_us]]
-        seen[r, c[c >= 0]] = True
-    target &= ~seen
-    glob = model.global_tokens()
-    zu = embed_nodes(model, glob, data, users, cfg).double().numpy()  # (U, W)
-    zf = embed_nodes(model, glob, data, films, cfg).double().numpy()  # (F, W)
-    prior = cfg.objective.engagement_temp * np.log(np.maximum(g.strength_until(data.cutoff_us)[films], 1e-12))  # (F,)
-    out = {}
-    for name, scores in (("next_r20_dot", zu @ zf.T), ("next_r20_prior", zu @ zf.T + prior[None, :])):
-        scores = np.where(seen, -np.inf, scores)
-        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        hits = np.take_along_axis(target, top, axis=1).sum(1)
-        n = target.sum(1)
-        out[name] = float(np.mean(hits[n > 0] / n[n > 0])) if (n > 0).any() else float("nan")
-    out["next_users"] = int((target.sum(1) > 0).sum())
     return out
 
 

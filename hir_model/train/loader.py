@@ -148,25 +148,24 @@ class _Shipped:
         self.array = t.numpy()
 
 
+def _map_tensors(x, leaf: type, fn: Callable):
+    """x with each `leaf` in it (in lists, tuples and dataclasses) replaced by fn(leaf)."""
+    if isinstance(x, leaf):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_tensors(v, leaf, fn) for v in x)
+    if hasattr(x, "__dataclass_fields__"):
+        return replace(x, **{f: _map_tensors(getattr(x, f), leaf, fn) for f in x.__dataclass_fields__})
+    return x
+
+
 def _ship(x):
     """x with its tensors (in lists, tuples and dataclasses) as `_Shipped` arrays; `_unship` undoes it."""
-    if isinstance(x, Tensor):
-        return _Shipped(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_ship(v) for v in x)
-    if hasattr(x, "__dataclass_fields__"):
-        return replace(x, **{f: _ship(getattr(x, f)) for f in x.__dataclass_fields__})
-    return x
+    return _map_tensors(x, Tensor, _Shipped)
 
 
 def _unship(x):
-    if isinstance(x, _Shipped):
-        return torch.from_numpy(x.array)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_unship(v) for v in x)
-    if hasattr(x, "__dataclass_fields__"):
-        return replace(x, **{f: _unship(getattr(x, f)) for f in x.__dataclass_fields__})
-    return x
+    return _map_tensors(x, _Shipped, lambda s: torch.from_numpy(s.array))
 
 
 class _Pickled:
