@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from hir_model.graph import sampler as new
-from hir_model.graph.sampler import (BROAD, NARROW, TABLES_PER_GRAPH, ViewConfig, _alias, _by_row_then_key, _Call, _rank,
-                                    _uniform_hash, visible_edges)
+from hir_model.graph import visible
+from hir_model.graph.pick import Call, _by_row_then_key, _rank, _uniform_hash
+from hir_model.graph.sampler import BROAD, NARROW, ViewConfig
+from hir_model.graph.visible import TABLES_PER_GRAPH, _alias, visible_edges
 from tests.hir_model.graph import reference_sampler as old
 from tests.hir_model.graph.graphs import AS_OF, DAY_US, FORWARD, check_batch, make_graph, random_graph
 
@@ -140,7 +142,7 @@ def test_sampling_is_deterministic_given_the_rng_and_tables_are_kept_per_cutoff(
     assert visible_edges(graph, AS_OF, None) is visible_edges(graph, AS_OF, None)
     for d in range(TABLES_PER_GRAPH + 2):
         visible_edges(graph, AS_OF - d * DAY_US, 7.0)
-    assert len(new._TABLES[graph]) == TABLES_PER_GRAPH
+    assert len(visible._TABLES[graph]) == TABLES_PER_GRAPH
 
 
 def batch_digest(batch) -> str:
@@ -198,7 +200,7 @@ def test_the_scan_order_is_lexsorts_with_ties_kept_in_input_order():
 
 @pytest.mark.parametrize("drop", [0.2, 0.5, 1 / 3, 1e-9, 1 - 2**-52])
 def test_edge_drop_as_an_integer_compare_is_the_float_compare(drop):
-    call = _Call(None, ViewConfig("v", (1,), edge_drop=drop), None, np.uint64(12345))
+    call = Call(None, None, np.uint64(12345), drop, scan_degree=16, draws_per_slot=2)
     edge = np.arange(200_000)
     z = _uniform_hash(edge, call.nonce)
     u = (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
