@@ -50,7 +50,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 from hir_model.config import load_config  # noqa: E402
-from hir_model.content.catalog_clip import load_checkpoint, refresh, write_checkpoint  # noqa: E402
+from hir_model.content.catalog_clip import CLIP_ASSET, CLIP_CHECKPOINT_FILE, load_checkpoint, refresh, write_checkpoint  # noqa: E402
 from hir_model.content.embed import ContentConfig, embed_window as embed_content  # noqa: E402
 from hir_model.content.vectors import CONTENT_ASSET, CONTENT_FILE  # noqa: E402
 from hir_model.data.synthetic import SyntheticSource  # noqa: E402
@@ -120,17 +120,14 @@ def ingest(run: Run, window: Window) -> dict:
     return {"entities": catalog.num_rows, "events": report.accepted}
 
 
-CLIP_ASSET, CLIP_CHECKPOINT = "catalog_clip", "checkpoint.pt"  # hir_assets/enrichment.py's layout
-
-
 def catalog_clip(run: Run, window: Window) -> dict:
     prev = run.previous(window)
-    prev_path = run.store.partition_dir(CLIP_ASSET, prev) / CLIP_CHECKPOINT if prev else None
+    prev_path = run.store.partition_dir(CLIP_ASSET, prev) / CLIP_CHECKPOINT_FILE if prev else None
     prev_path = prev_path if prev_path is not None and prev_path.is_file() else None
     result = refresh(run.store.read(CATALOG_ASSET, window.key, ENTITIES_FILE), load_checkpoint(prev_path) if prev_path else None)
     with run.store.writing() as staging:
         if result.checkpoint is not None:
-            write_checkpoint(result, staging.path(CLIP_ASSET, window.key) / CLIP_CHECKPOINT, prev_path)
+            write_checkpoint(result, staging.path(CLIP_ASSET, window.key) / CLIP_CHECKPOINT_FILE, prev_path)
         else:
             staging.path(CLIP_ASSET, window.key)
     return {"pairs": result.pairs, "trained": int(result.training is not None)}
@@ -144,7 +141,7 @@ def content(run: Run, window: Window) -> dict:
         return {"stand_in": 1}
 
     prev = run.previous(window)
-    checkpoint = run.store.partition_dir(CLIP_ASSET, window.key) / CLIP_CHECKPOINT
+    checkpoint = run.store.partition_dir(CLIP_ASSET, window.key) / CLIP_CHECKPOINT_FILE
     build = embed_content(catalog, ContentConfig(), checkpoint if checkpoint.is_file() else None,
                          run.store.read(CONTENT_ASSET, prev, CONTENT_FILE) if prev else None)
     with run.store.writing() as staging:

@@ -6,13 +6,12 @@ import pyarrow as pa
 
 from hir_assets.content_resources import ContentModels
 from hir_assets.resources import PartitionStorage, SourceResource
-from hir_model.content import (CATALOG_CLIP, CONTENT_ASSET, CONTENT_FILE, embed_window, embedding_report, interest_agreement,
-                               load_checkpoint, refresh, write_checkpoint)
+from hir_model.content import (CATALOG_CLIP, CLIP_ASSET, CLIP_CHECKPOINT_FILE, CLIP_STATUS_FILE, CONTENT_ASSET, CONTENT_FILE,
+                               embed_window, embedding_report, interest_agreement, load_checkpoint, refresh, write_checkpoint)
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE
 from hir_model.storage import latest_before
 
 GROUP = "enrichment"
-CLIP_ASSET, CHECKPOINT_FILE, STATUS_FILE = "catalog_clip", "checkpoint.pt", "status"  # the asset and its files
 COVERAGE_CHECK, FINITE_CHECK, UNIT_NORM_CHECK = "coverage", "finite", "unit_norm"
 DIMENSION_CHECK, VERSION_CHECK, INTEREST_CHECK = "dimension", "single_encoder_version", "interest_agreement"
 CLIP_LOSS_CHECK = "loss_decreased"
@@ -56,8 +55,8 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
                      content: ContentModels) -> dg.MaterializeResult:
         """An open_clip model fitted to the catalogue's image-text pairs, for where no pretrained weights are available."""
         key, store, models = context.partition_key, storage.store(), content.content_config()
-        prev_key = latest_before(store, CLIP_ASSET, key, CHECKPOINT_FILE)
-        prev_path = store.partition_dir(CLIP_ASSET, prev_key) / CHECKPOINT_FILE if prev_key else None
+        prev_key = latest_before(store, CLIP_ASSET, key, CLIP_CHECKPOINT_FILE)
+        prev_path = store.partition_dir(CLIP_ASSET, prev_key) / CLIP_CHECKPOINT_FILE if prev_key else None
         if models.image.model != CATALOG_CLIP:
             result, status = None, _status("not_used", f"image tower is {models.image.model!r}", None, None, 0, 0.0)
         else:
@@ -65,14 +64,14 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
             progress = _progress(context, CLIP_ASSET)
             result = refresh(catalog, load_checkpoint(prev_path) if prev_path else None, content.clip_config(),
                              config.force_retrain, models.listed_products, lambda done, total: progress("step", done, total))
-            trained_in = key if result.training else (store.read(CLIP_ASSET, prev_key, STATUS_FILE)["trained_in"][0].as_py()
+            trained_in = key if result.training else (store.read(CLIP_ASSET, prev_key, CLIP_STATUS_FILE)["trained_in"][0].as_py()
                                                      if result.checkpoint else None)
             status = _status(result.action, result.reason, result.checkpoint.version if result.checkpoint else None,
                              trained_in, result.pairs, result.novelty)
         with store.writing() as staging:
             if result:
-                write_checkpoint(result, staging.path(CLIP_ASSET, key) / CHECKPOINT_FILE, prev_path)
-            staging.write_table(CLIP_ASSET, key, STATUS_FILE, status)
+                write_checkpoint(result, staging.path(CLIP_ASSET, key) / CLIP_CHECKPOINT_FILE, prev_path)
+            staging.write_table(CLIP_ASSET, key, CLIP_STATUS_FILE, status)
         row = status.to_pylist()[0]
         context.log.info(f"{CLIP_ASSET} {key}: {row['action']} ({row['reason']})")
         training = result.training if result else None
@@ -108,8 +107,8 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
         """One content vector per entity from text (transformers) and images (open_clip), fused; only new or changed ones are embedded."""
         key, store, models = context.partition_key, storage.store(), content.content_config()
         catalog = store.read(CATALOG_ASSET, key, ENTITIES_FILE)
-        clip_status = store.read(CLIP_ASSET, key, STATUS_FILE).to_pylist()[0]  # (fails clearly if catalog_clip did not run)
-        checkpoint = store.partition_dir(CLIP_ASSET, key) / CHECKPOINT_FILE
+        clip_status = store.read(CLIP_ASSET, key, CLIP_STATUS_FILE).to_pylist()[0]  # (fails clearly if catalog_clip did not run)
+        checkpoint = store.partition_dir(CLIP_ASSET, key) / CLIP_CHECKPOINT_FILE
         prev_key = latest_before(store, CONTENT_ASSET, key, f"{CONTENT_FILE}.parquet")
         previous = store.read(CONTENT_ASSET, prev_key, CONTENT_FILE) if prev_key else None
         build = embed_window(catalog, models, checkpoint if checkpoint.is_file() else None, previous,

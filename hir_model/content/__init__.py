@@ -21,7 +21,7 @@ import importlib
 from typing import Any
 
 _MODULE_OF = {
-    **dict.fromkeys(["CatalogClipConfig", "ClipCheckpoint", "ClipRefresh", "ClipTraining", "export_local_dir",
+    **dict.fromkeys(["CLIP_ASSET", "CLIP_CHECKPOINT_FILE", "CLIP_STATUS_FILE", "CatalogClipConfig", "ClipCheckpoint", "ClipRefresh", "ClipTraining", "export_local_dir",
                      "load_checkpoint", "refresh", "save_checkpoint", "train", "write_checkpoint"], "catalog_clip"),
     **dict.fromkeys(["ContentBuild", "ContentConfig", "Encoders", "content_schema", "embed_catalog", "load_encoders",
                      "embed_window", "parse_version"], "embed"),

@@ -31,6 +31,8 @@ from PIL import Image
 
 Progress = Callable[[int, int], None]  # (done, total) steps
 
+CLIP_ASSET, CLIP_CHECKPOINT_FILE, CLIP_STATUS_FILE = "catalog_clip", "checkpoint.pt", "status"  # the asset and its files
+
 
 @dataclass(frozen=True)
 class CatalogClipConfig:

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from hir_assets.content_resources import ContentModels
-from hir_assets.enrichment import CLIP_ASSET, build_enrichment_assets
+from hir_assets.enrichment import build_enrichment_assets
+from hir_model.content import CLIP_ASSET
 from hir_assets.events import build_ingest_assets
 from hir_assets.partitions import window_partitions
 from hir_assets.resources import LocalPartitionStorage, SourceResource
