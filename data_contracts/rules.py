@@ -98,13 +98,17 @@ class Rule:
             elif self.kind == "in_set":
                 out.append(gxe.ExpectColumnValuesToBeInSet(column=col, value_set=list(self.values), meta=meta))
             elif self.kind == "in_reference":
-                # The reference (e.g. every catalog id) can be 10^5+ values, which GE copies per metric. Only the
-                # reference values that occur in the column can ever match, so the allowed set is narrowed to them:
-                # same verdict, same unexpected rows, a set no larger than the column's distinct values.
+                # The reference (e.g. every catalog id) can be 10^5+ values, which GE serialises on every metric it
+                # plans. With the table at hand, a value breaks the rule iff it is one of the column's distinct values
+                # absent from the reference: expecting the column not to take those gives the same verdict and the
+                # same unexpected rows with a set that is empty on good data.
                 ref = _value_set(params[self.param], pa.string())
-                present = pc.unique(table.column(col).cast(pa.string())) if table is not None else ref
-                allowed = pc.filter(present, pc.fill_null(pc.is_in(present, value_set=ref), False)).to_pylist()
-                out.append(gxe.ExpectColumnValuesToBeInSet(column=col, value_set=allowed, meta=meta))
+                if table is None:
+                    out.append(gxe.ExpectColumnValuesToBeInSet(column=col, value_set=ref.to_pylist(), meta=meta))
+                    continue
+                present = pc.drop_null(pc.unique(table.column(col).cast(pa.string())))
+                absent = pc.filter(present, pc.invert(pc.fill_null(pc.is_in(present, value_set=ref), False))).to_pylist()
+                out.append(gxe.ExpectColumnValuesToNotBeInSet(column=col, value_set=absent, meta=meta))
             elif self.kind == "between":
                 lo, hi = params[self.param]
                 out.append(gxe.ExpectColumnValuesToBeBetween(column=col, min_value=lo, max_value=hi, strict_max=True, meta=meta))
