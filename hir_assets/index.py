@@ -52,7 +52,7 @@ class BomIndexRun(Overrides):
     """Overrides of IndexConfig (hir_model.retrieval.index), and the recall check's threshold."""
 
     zero_means_none: ClassVar[frozenset[str]] = frozenset({"probe_factor"})
-    exact_max: Optional[int] = None  # items up to this many: exact IndexFlatIP; above: HNSW
+    exact_max: Optional[int] = None  # items up to this many: exact IndexFlatIP, probing the postings; above: IVF lists
     max_posting_share: Optional[float] = None  # no token's posting list may hold more than this share of the items
     recall_users: Optional[int] = None  # users sampled for the recall measurement
     probe_factor: Optional[float] = None  # candidates per query: this x (k + the user's engaged items); 0: tuned per window
@@ -171,7 +171,7 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
             "candidates_per_query": round(r.candidates_per_query, 1), "probe_factor": float(build.probe_factor),
             "probe_factor_tuned": cfg.probe_factor is None, "candidate_fraction": round(r.candidate_fraction, 4),
             "served_qps": round(r.served_qps, 1), "exact_qps": round(r.exact_qps, 1),
-            "faiss": "IndexFlatIP (exact)" if build.items <= cfg.exact_max else "IndexHNSWFlat",
+            "faiss": "IndexFlatIP (exact)" if build.items <= cfg.exact_max else "IndexIVFFlat (candidates from its lists)",
             "path": dg.MetadataValue.path(store.uri(BOM_ASSET, window.key))})
 
     return [ranking_head, bom_index]

@@ -54,7 +54,9 @@ def build_window_index(store: PartitionStore, key: str, folder: Path, config: In
     primitives = store.read(HIERARCHY_ASSET, key, PRIMITIVES_FILE, columns=["level", "primitive", "centroid"])
     n_items = write_index(folder, state.item_ids, state.item_types, state.vectors, tokens, postings, config, primitives)
     rows, has = user_rows(emb, state.history.user_ids)
-    rec = Recommender(state, rows, has, Retriever.load(folder, emb))
+    retriever = Retriever.load(folder, emb)
+    retriever.ivf_scan = config.ivf_scan  # probe.json, which holds it for serving, is written once the budget is tuned
+    rec = Recommender(state, rows, has, retriever)
     with_rows = state.history.user_ids[has]
     check = sample_users(with_rows, config.recall_users, config.seed)
     rest = np.setdiff1d(with_rows.astype(str), np.asarray(check, str))
@@ -66,7 +68,8 @@ def build_window_index(store: PartitionStore, key: str, folder: Path, config: In
     (Path(folder) / PROBE_FILE).write_text(json.dumps({
         "probe_factor": factor, "weight_prior": config.weight_prior, "tuned": config.probe_factor is None, "k": config.recall_k,
         "target_recall": config.target_recall, "calibration_users": len(calibration),
-        "calibration_recall": None if np.isnan(calibrated) else calibrated}) + "\n")
+        "calibration_recall": None if np.isnan(calibrated) else calibrated,
+        **({"ivf_scan": config.ivf_scan} if n_items > config.exact_max else {})}) + "\n")  # an IVF index's probe width
     recall = served_recall(rec, check, config.recall_k, factor)
     levels = sorted(set(tokens["level"].to_pylist()))
     ids = set(emb.entity_id)

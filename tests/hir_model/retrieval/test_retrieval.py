@@ -35,7 +35,7 @@ def test_tokens_and_postings_sorted_by_weight_and_capped():
 
 
 def crafted_retriever(tmp_path, vectors: dict[str, list[float]], types: dict[str, str], token_rows,
-                      centroids: dict[tuple[int, int], list[float]] | None = None) -> Retriever:
+                      centroids: dict[tuple[int, int], list[float]] | None = None, config: IndexConfig = IndexConfig()) -> Retriever:
     ids = list(vectors)
     v = np.array([vectors[e] for e in ids], np.float32)
     emb = EntityEmbeddings(np.array(ids, object), np.array([types[e] for e in ids], object), v / np.linalg.norm(v, axis=1, keepdims=True),
@@ -48,7 +48,7 @@ def crafted_retriever(tmp_path, vectors: dict[str, list[float]], types: dict[str
         primitives = pa.table({"level": pa.array(lv, pa.int32()), "primitive": pa.array(p, pa.int64()),
                                "centroid": pa.FixedSizeListArray.from_arrays(pa.array(c.reshape(-1)), c.shape[1])})
     items = emb.entity_type != "user"
-    write_index(tmp_path, emb.entity_id[items], emb.entity_type[items], emb.vectors[items], tok, post, primitives=primitives)
+    write_index(tmp_path, emb.entity_id[items], emb.entity_type[items], emb.vectors[items], tok, post, config, primitives)
     return Retriever.load(tmp_path, emb)
 
 
@@ -172,17 +172,60 @@ def test_token_and_posting_invariants(tmp_path):
     assert "n31" in set(uncapped["entity_id"].to_pylist())  # the cold-start product is reachable through the index
 
 
-def test_faiss_round_trip_exact_and_hnsw(tmp_path):
+def test_faiss_round_trip_exact_and_ivf(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 16)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    for cfg, kind in ((IndexConfig(), faiss.IndexFlatIP), (IndexConfig(exact_max=100), faiss.IndexHNSWFlat)):
+    for cfg, kind in ((IndexConfig(), faiss.IndexFlatIP), (IndexConfig(exact_max=100), faiss.IndexIVFFlat)):
         faiss.write_index(build_faiss(x, cfg), str(tmp_path / FAISS_FILE))
         back = faiss.read_index(str(tmp_path / FAISS_FILE))
         assert isinstance(back, kind) and back.ntotal == 300
         _, top = back.search(x[:5], 1)
         assert top[:, 0].tolist() == [0, 1, 2, 3, 4]
-        np.testing.assert_allclose(back.reconstruct_n(0, 300), x, atol=1e-6)
+        np.testing.assert_allclose(back.reconstruct_n(0, 300), x, atol=1e-6)  # the IVF index keeps its direct map
+    assert faiss.extract_index_ivf(back).nlist == round(np.sqrt(300))
+
+
+def one_list_catalogue(tmp_path, n: int = 3000, dim: int = 16, config: IndexConfig = IndexConfig(exact_max=1000)) -> Retriever:
+    """n items around 60 interests, all in one fine primitive with random weights (a catalogue that outgrew its
+    codebook), and a user near one of the interests."""
+    rng = np.random.default_rng(1)
+    centres = rng.normal(size=(60, dim))
+    x = centres[rng.integers(0, 60, n + 1)] + 0.3 * rng.normal(size=(n + 1, dim))
+    vectors = {f"i{j}": list(x[j]) for j in range(n)} | {"u": list(x[n])}
+    types = {e: "user" if e == "u" else "product" for e in vectors}
+    rows = [("u", 1, 0, 0, 1.0)] + [(f"i{j}", 1, 0, 0, float(w)) for j, w in enumerate(rng.random(n))]
+    return crafted_retriever(tmp_path, vectors, types, rows, {(1, 0): [1.0] + [0.0] * (dim - 1)}, config)
+
+
+def test_above_exact_max_probing_takes_the_nearest_items_from_the_ivf_lists(tmp_path):
+    """One list of 3,000 items: the postings can only give its heaviest, whatever the query; the IVF probe gives the
+    query's nearest by dot product (nearly all of the true top 50 with the default scan, all of them reading every list)."""
+    r = one_list_catalogue(tmp_path)
+    assert r.ivf is not None and r.ivf.nlist == round(np.sqrt(3000))
+    q = r.vector("u")
+    truth = np.argsort(-(r.item_vectors @ q), kind="stable")[:50]
+    rows, prio = r.probe_vector(q, 50)
+    assert len(rows) == 50 and len(set(rows.tolist())) == 50 and (np.diff(prio) <= 0).all()
+    np.testing.assert_allclose(prio, r.item_vectors[rows] @ q, rtol=1e-5)  # the priority is the dot product
+    assert np.isin(truth, rows).mean() >= 0.9
+    flat = Retriever.load(tmp_path, r.emb)
+    flat.ivf = None  # the same index probed through its postings: the list's heaviest 50, far from the query's nearest
+    assert np.isin(truth, flat.probe_vector(q, 50)[0]).mean() < 0.2
+    r.ivf_scan = float(r.ivf.nlist) * 3000 / 50  # nprobe = nlist: every list read, the exact top 50
+    np.testing.assert_array_equal(np.sort(r.probe_vector(q, 50)[0]), np.sort(truth))
+    assert {h.entity_id for h in r.retrieve("u", 10, exact=True)} == {f"i{j}" for j in truth[:10]}  # exact reads every list
+
+
+def test_ivf_probe_margin_floor_and_budget_past_the_lists(tmp_path):
+    r = one_list_catalogue(tmp_path)
+    q = r.vector("u")
+    rows, prio = r.probe_vector(q, 400, margin=0.05, floor=30)
+    assert 30 <= len(rows) < 400 and (prio >= prio[0] - 0.05 - 1e-9).all()
+    assert len(r.probe_vector(q, 400, margin=0.0, floor=30)[0]) == 30
+    r.ivf_scan = 0.01  # one list at first: nprobe doubles until the lists hold the budget
+    assert len(r.probe_vector(q, 2500)[0]) == 2500
+    assert len(r.probe_vector(q, 10_000)[0]) == 3000
 
 
 def test_end_to_end_tiny_world(tmp_path):
