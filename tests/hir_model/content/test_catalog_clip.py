@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from hir_model.content import ImageEncoder, load_checkpoint, refresh, save_checkpoint, train
-from hir_model.content.catalog_clip import refresh_decision
+from hir_model.content.catalog_clip import refresh_decision, sample_pairs
 from tests.hir_model.content.conftest import TINY_CLIP, catalog, products
 
 
@@ -64,3 +64,15 @@ def test_refresh_trains_then_reuses(tmp_path):
     assert second.action == "reused" and second.checkpoint is first.checkpoint and second.novelty == 0.0
     image = ImageEncoder.from_checkpoint(first.checkpoint).encode([Image.new("RGB", (32, 32))])
     assert image.shape == (1, TINY_CLIP.embed_dim)
+
+
+def test_a_catalogue_above_max_pairs_is_fitted_on_a_sample_and_judged_whole(tmp_path):
+    table = catalog(products(tmp_path, 48))
+    capped = replace(TINY_CLIP, epochs=1, max_pairs=32)
+    result = refresh(table, None, capped)
+    assert result.action == "trained" and result.pairs == 48 and result.fitted_pairs == 32
+    assert result.training.steps == 32 // capped.batch_size  # the steps follow the sample, not the catalogue
+    assert len(result.checkpoint.image_digests) == 48  # novelty is judged against every image it was drawn from
+    assert refresh(table, result.checkpoint, capped).action == "reused"
+    assert sample_pairs(48, capped).tolist() == sample_pairs(48, capped).tolist() != list(range(32))  # seeded, spread
+    assert sample_pairs(20, capped).tolist() == list(range(20))  # at or under the cap: every pair, in order
