@@ -52,6 +52,7 @@ import torch  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.content.catalog_clip import CLIP_ASSET, CLIP_CHECKPOINT_FILE, load_checkpoint, refresh, write_checkpoint  # noqa: E402
 from hir_model.content.embed import ContentConfig, embed_window as embed_content  # noqa: E402
+from hir_model.content.text import TextEncoderConfig  # noqa: E402
 from hir_model.content.vectors import CONTENT_ASSET, CONTENT_FILE  # noqa: E402
 from hir_model.data.synthetic import SyntheticSource  # noqa: E402
 from hir_model.data.synthetic_config import SCALED_FIELDS, SyntheticConfig, preset  # noqa: E402
@@ -100,6 +101,7 @@ class Run:
     scratch: Path
     stand_in_content: bool  # --skip content: the hashed TF-IDF stand-in instead of MiniLM + catalog_clip
     train_overrides: dict  # hir.toml's [train] + [train.synthetic], as hir_assets/training.py gets them, then --steps
+    text_dtype: str = "bfloat16"  # MiniLM's dtype: the demo's (Makefile: HIR_TEXT_DTYPE=bfloat16)
 
     def previous(self, window: Window) -> str | None:
         prev = self.spec.previous(window)
@@ -142,7 +144,7 @@ def content(run: Run, window: Window) -> dict:
 
     prev = run.previous(window)
     checkpoint = run.store.partition_dir(CLIP_ASSET, window.key) / CLIP_CHECKPOINT_FILE
-    build = embed_content(catalog, ContentConfig(), checkpoint if checkpoint.is_file() else None,
+    build = embed_content(catalog, ContentConfig(text=TextEncoderConfig(dtype=run.text_dtype)), checkpoint if checkpoint.is_file() else None,
                          run.store.read(CONTENT_ASSET, prev, CONTENT_FILE) if prev else None)
     with run.store.writing() as staging:
         staging.write_table(CONTENT_ASSET, window.key, CONTENT_FILE, build.table)
@@ -266,11 +268,11 @@ def fmt(d: dict) -> str:
 
 
 def run_size(size: str, windows: int, workdir: Path, stages: tuple[str, ...], stand_in: bool, train: dict,
-             limit_mb: float) -> dict[str, list[dict]]:
+             limit_mb: float, text_dtype: str) -> dict[str, list[dict]]:
     cfg = size_config(size, windows)
     source = SyntheticSource(cfg, workdir / "data")
     spec = WindowSpec.covering("weekly", *source.span())
-    run = Run(source, PartitionStore(workdir / "store"), spec, workdir / "scratch", stand_in, train)
+    run = Run(source, PartitionStore(workdir / "store"), spec, workdir / "scratch", stand_in, train, text_dtype)
     keys = spec.windows()
     print(fmt({"size": size, "users": cfg.n_users, "products": cfg.n_products, "advertisers": cfg.n_advertisers,
                "events_per_window": cfg.events_per_window, "windows": len(keys), "dir": workdir}), flush=True)
@@ -319,6 +321,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="training steps per window (0: hir.toml's [train.synthetic])")
     parser.add_argument("--skip", default="", help="comma-separated stages to leave out; 'content' uses the TF-IDF stand-in")
     parser.add_argument("--max-mb", type=float, default=7500, help="kill a stage whose resident memory passes this (0: no limit)")
+    parser.add_argument("--text-dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                        help="MiniLM's dtype in content (default bfloat16, as the demo's Makefile sets HIR_TEXT_DTYPE)")
     parser.add_argument("--workdir", default="", help="keep the scratch folders here (default: a temporary folder, removed)")
     args = parser.parse_args()
     sizes = ["small/20", "small/2"] if args.quick else args.sizes.split(",")
@@ -333,9 +337,9 @@ def main() -> None:
     print(fmt({"baseline_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
                "idle_child_mb": in_child(dict)["peak_mb"], "memory": "forked_child_ru_maxrss",
                "torch_threads": 1, "sizes": ",".join(sizes), "windows": args.windows, "train_steps": train.get("steps"),
-               "content": "tfidf_stand_in" if stand_in else "minilm+catalog_clip"}), flush=True)
+               "content": "tfidf_stand_in" if stand_in else f"minilm_{args.text_dtype}+catalog_clip"}), flush=True)
     try:
-        results = [run_size(size, args.windows, root / size.replace("/", "_div"), stages, stand_in, train, args.max_mb)
+        results = [run_size(size, args.windows, root / size.replace("/", "_div"), stages, stand_in, train, args.max_mb, args.text_dtype)
                    for size in sizes]
     finally:
         if not args.workdir:
