@@ -7,7 +7,7 @@ import pyarrow as pa
 from hir_assets.content_resources import ContentModels
 from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import (CATALOG_CLIP, CLIP_ASSET, CLIP_CHECKPOINT_FILE, CLIP_STATUS_FILE, CONTENT_ASSET, CONTENT_FILE,
-                               embed_window, embedding_report, interest_agreement, load_checkpoint, refresh, write_checkpoint)
+                               REUSED_COLUMNS, embed_window, embedding_report, interest_agreement, load_checkpoint, refresh, write_checkpoint)
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE
 from hir_model.storage import latest_before
 
@@ -78,7 +78,8 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
         metadata = {**{k: v for k, v in row.items() if v is not None}, "problems": len(result.problems) if result else 0,
                     "path": dg.MetadataValue.path(str(store.partition_dir(CLIP_ASSET, key)))}
         if training:
-            metadata.update(initial_loss=training.initial_loss, final_loss=training.final_loss, epochs=training.epochs,
+            metadata.update(fitted_pairs=result.fitted_pairs, initial_loss=training.initial_loss,
+                            final_loss=training.final_loss, epochs=training.epochs,
                             steps=training.steps, seconds=round(training.seconds, 1), step=training.checkpoint.step,
                             warm_started=training.warm_started, epoch_losses=[round(x, 4) for x in training.checkpoint.losses])
         improved = training is None or training.final_loss < training.initial_loss
@@ -110,7 +111,7 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
         clip_status = store.read(CLIP_ASSET, key, CLIP_STATUS_FILE).to_pylist()[0]  # (fails clearly if catalog_clip did not run)
         checkpoint = store.partition_dir(CLIP_ASSET, key) / CLIP_CHECKPOINT_FILE
         prev_key = latest_before(store, CONTENT_ASSET, key, f"{CONTENT_FILE}.parquet")
-        previous = store.read(CONTENT_ASSET, prev_key, CONTENT_FILE) if prev_key else None
+        previous = store.read(CONTENT_ASSET, prev_key, CONTENT_FILE, columns=REUSED_COLUMNS) if prev_key else None
         build = embed_window(catalog, models, checkpoint if checkpoint.is_file() else None, previous,
                              _progress(context, CONTENT_ASSET), config.force_reembed)
         report = embedding_report(build.table, catalog.column("entity_id"))

@@ -2,7 +2,8 @@
 
 Public API
 - `ContentConfig` (text, image, fusion), `load_encoders(config, clip_checkpoint)`, `embed_catalog(catalog, encoders,
-  previous)` -> `ContentBuild` (the table in `content_schema`, new / changed / reused counts, weights, timings).
+  previous)` -> `ContentBuild` (the table in `content_schema`, new / changed / reused counts, weights, timings);
+  `REUSED_COLUMNS`: the columns of the previous table that `embed_catalog` reads.
 - `TextEncoder` / `TextEncoderConfig`, `ImageEncoder` / `ImageEncoderConfig` / `load_image_encoder`, `FusionConfig` / `fuse`.
 - catalog_clip: `CatalogClipConfig`, `refresh(catalog, previous)` -> `ClipRefresh`, `train`, `save_checkpoint`,
   `write_checkpoint`, `load_checkpoint`, `export_local_dir` (an open_clip `local-dir:` folder).
@@ -23,8 +24,8 @@ from typing import Any
 _MODULE_OF = {
     **dict.fromkeys(["CLIP_ASSET", "CLIP_CHECKPOINT_FILE", "CLIP_STATUS_FILE", "CatalogClipConfig", "ClipCheckpoint", "ClipRefresh", "ClipTraining", "export_local_dir",
                      "load_checkpoint", "refresh", "save_checkpoint", "train", "write_checkpoint"], "catalog_clip"),
-    **dict.fromkeys(["ContentBuild", "ContentConfig", "Encoders", "content_schema", "embed_catalog", "load_encoders",
-                     "embed_window", "parse_version"], "embed"),
+    **dict.fromkeys(["ContentBuild", "ContentConfig", "Encoders", "REUSED_COLUMNS", "content_schema", "embed_catalog",
+                     "load_encoders", "embed_window", "parse_version"], "embed"),
     **dict.fromkeys(["FusionConfig", "fuse"], "fusion"),
     **dict.fromkeys(["CATALOG_CLIP", "NO_IMAGES", "ImageEncoder", "ImageEncoderConfig", "load_image_encoder"], "image"),
     **dict.fromkeys(["EmbeddingReport", "chance_agreement", "embedding_report", "interest_agreement",
@@ -50,7 +51,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "CATALOG_CLIP", "CONTENT_ASSET", "CONTENT_FILE", "NO_IMAGES", "CatalogClipConfig", "ClipCheckpoint", "ClipRefresh", "ClipTraining", "ContentBuild",
     "ContentConfig", "EmbeddingReport", "Encoders", "FusionConfig", "ImageEncoder", "ImageEncoderConfig",
-    "ModelNotFoundError", "TextEncoder", "TextEncoderConfig", "chance_agreement", "content_schema", "embed_catalog",
+    "ModelNotFoundError", "REUSED_COLUMNS", "TextEncoder", "TextEncoderConfig", "chance_agreement", "content_schema", "embed_catalog",
     "embed_window", "embedding_report", "export_local_dir", "fuse", "interest_agreement", "load_checkpoint", "load_encoders", "load_image_encoder",
     "neighbour_agreement", "packaged_model_dir", "parse_version", "refresh", "save_checkpoint", "to_matrix", "train",
     "write_checkpoint",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hir_model.content.entity_text import entity_texts
 from hir_model.content.fusion import FusionConfig, fuse
@@ -96,13 +97,6 @@ def load_encoders(config: ContentConfig, clip_checkpoint: Path | None = None) ->
 
 def parse_version(version: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in version.split(";") if "=" in part)
-
-
-def _vectors(mat: np.ndarray, valid: np.ndarray) -> pa.Array:
-    if mat.shape[1] == 0:  # no image tower: a zero-width column, all null
-        return pa.nulls(len(mat), pa.list_(pa.float32(), 0))
-    flat = pa.array(np.where(valid[:, None], mat, 0).astype(np.float32).reshape(-1))  # hidden behind the null bitmap
-    return pa.FixedSizeListArray.from_arrays(flat, mat.shape[1], mask=pa.array(~valid))
 
 
 @dataclass(frozen=True)
@@ -183,37 +177,68 @@ def _hash_pass(ids: list, texts: list, image_uris: list, video_uris: list, max_f
 
 @dataclass
 class _Slots:
-    """Per-row vectors being assembled, and what still has to be encoded."""
+    """Vectors being assembled for the content rows (rows with text or a readable image/video), and what to encode.
 
-    text: np.ndarray  # (N, Dt) float32, NaN where not (yet) known
-    image: np.ndarray  # (N, Di)
-    text_ok: np.ndarray  # (N,) bool
-    image_ok: np.ndarray  # (N,) bool
-    need_text: np.ndarray  # (N,) bool: encode this row's text
-    need_image: np.ndarray  # (N,) bool: encode this row's image / video
-    status: np.ndarray  # (N,) int8: 0 new, 1 changed, 2 an encoder version changed (or forced), 3 reused
+    Only content rows get vector slots: at the `large` synthetic preset 300k of 550k entities are users without text
+    or images, whose vectors are null; the published columns are filled once, at the end (`_scatter`)."""
+
+    rows: np.ndarray  # (C,) int64 catalogue row of each content row
+    text: np.ndarray  # (C, Dt) float32, NaN where not (yet) known
+    image: np.ndarray  # (C, Di)
+    text_ok: np.ndarray  # (C,) bool
+    image_ok: np.ndarray  # (C,) bool
+    need_text: np.ndarray  # (C,) bool: encode this row's text
+    need_image: np.ndarray  # (C,) bool: encode this row's image / video
+    status: np.ndarray  # (N,) int8 over every catalogue row: 0 new, 1 changed, 2 an encoder version changed (or forced), 3 reused
 
 
-def _reuse(slots: _Slots, previous: pa.Table, ids: list, hashes: list, versions: dict[str, str], tower: bool) -> None:
+REUSED_COLUMNS = ["entity_id", "content_hash", "encoder_version", "text_embedding", "image_embedding"]  # what _reuse reads
+
+
+def _take_matrix(column: pa.ChunkedArray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """to_matrix of only `rows` of a vector column: ((R, D) float32, (R,) valid), without converting the other rows."""
+    return to_matrix(column.take(pa.array(rows, pa.int64())))
+
+
+def _reuse(slots: _Slots, previous: pa.Table, ids: pa.ChunkedArray, hashes: list, versions: dict[str, str], tower: bool) -> None:
     """Take every vector the previous table holds for the same content and the same encoder version."""
-    where = {e: j for j, e in enumerate(previous.column("entity_id").to_pylist())}
-    prev_hash = previous.column("content_hash").to_pylist()
-    prev_version = [parse_version(v) for v in previous.column("encoder_version").to_pylist()]
-    p_text, p_text_ok = to_matrix(previous.column("text_embedding"))
-    p_image, p_image_ok = to_matrix(previous.column("image_embedding"))
-    text_fits, image_fits = p_text.shape[1] == slots.text.shape[1], tower and p_image.shape[1] == slots.image.shape[1]
-    for i, eid in enumerate(ids):
-        j = where.get(eid)
-        if j is None:
-            continue
-        if prev_hash[j] != hashes[i]:
-            slots.status[i] = 1
-            continue
-        if text_fits and prev_version[j].get("text") == versions["text"] and slots.need_text[i] and p_text_ok[j]:
-            slots.text[i], slots.text_ok[i], slots.need_text[i] = p_text[j], True, False
-        if image_fits and prev_version[j].get("image") == versions["image"]:  # the row's outcome, image or none
-            slots.image[i], slots.image_ok[i], slots.need_image[i] = p_image[j], p_image_ok[j], False
-        slots.status[i] = 2 if slots.need_text[i] or slots.need_image[i] else 3
+    where = pc.index_in(ids, value_set=previous.column("entity_id")).to_numpy(zero_copy_only=False)  # (N,) float, NaN: absent
+    known = ~np.isnan(where)
+    j = np.where(known, where, 0).astype(np.int64)  # (N,) previous row
+    prev_hash = np.asarray(previous.column("content_hash").to_pylist(), object)
+    same = known & (prev_hash[j] == np.asarray(hashes, object))  # (N,)
+    slots.status[known & ~same] = 1
+    parsed = {v: parse_version(v) for v in set(previous.column("encoder_version").to_pylist())}
+    prev_versions = previous.column("encoder_version").to_pylist()
+    text_dim = previous.schema.field("text_embedding").type.list_size
+    image_dim = previous.schema.field("image_embedding").type.list_size
+    text_fits, image_fits = text_dim == slots.text.shape[1], tower and image_dim == slots.image.shape[1]
+    reusable = same[slots.rows]  # (C,)
+    at = j[slots.rows]  # (C,) previous row of each content row
+    same_text = np.array([parsed[prev_versions[k]].get("text") == versions["text"] for k in at], bool).reshape(-1)
+    same_image = np.array([parsed[prev_versions[k]].get("image") == versions["image"] for k in at], bool).reshape(-1)
+    take = np.flatnonzero(reusable & same_text & slots.need_text) if text_fits else np.zeros(0, np.int64)
+    if len(take):
+        vec, ok = _take_matrix(previous.column("text_embedding"), at[take])
+        take, vec = take[ok], vec[ok]  # a previous row without a text vector is encoded again
+        slots.text[take], slots.text_ok[take], slots.need_text[take] = vec, True, False
+    take = np.flatnonzero(reusable & same_image) if image_fits else np.zeros(0, np.int64)
+    if len(take):  # the row's outcome, image or none
+        slots.image[take], slots.image_ok[take] = _take_matrix(previous.column("image_embedding"), at[take])
+        slots.need_image[take] = False
+    slots.status[same] = 3
+    redo = slots.rows[reusable & (slots.need_text | slots.need_image)]
+    slots.status[redo] = 2
+
+
+def _scatter(n: int, rows: np.ndarray, mat: np.ndarray, ok: np.ndarray) -> pa.Array:
+    """A vector column over all n catalogue rows from the content rows' (C, D) vectors; null elsewhere and where not ok."""
+    if mat.shape[1] == 0:  # no image tower: a zero-width column, all null
+        return pa.nulls(n, pa.list_(pa.float32(), 0))
+    full = np.zeros((n, mat.shape[1]), np.float32)  # (N, D): zeros hidden behind the null bitmap; Arrow wraps it, no copy
+    valid = np.zeros(n, bool)
+    full[rows[ok]], valid[rows[ok]] = mat[ok], True
+    return pa.FixedSizeListArray.from_arrays(pa.array(full.reshape(-1)), mat.shape[1], mask=pa.array(~valid))
 
 
 def embed_catalog(catalog: pa.Table, encoders: Encoders, previous: pa.Table | None = None,
@@ -227,34 +252,45 @@ def embed_catalog(catalog: pa.Table, encoders: Encoders, previous: pa.Table | No
     texts = [t if kind in cfg.text_types else None for t, kind in zip(entity_texts(catalog, cfg.listed_products), types)]
     hashes, visual, problems = _hash_pass(ids, texts, image_uris, video_uris, cfg.image.max_frames)
     tower = encoders.image is not None
-    slots = _Slots(np.full((n, dt), np.nan, np.float32), np.full((n, di), np.nan, np.float32), np.zeros(n, bool),
-                   np.zeros(n, bool), np.array([t is not None for t in texts], bool), visual & tower, np.zeros(n, np.int8))
+    has_text = np.array([t is not None for t in texts], bool)
+    rows = np.flatnonzero(has_text | (visual & tower))  # (C,) the rows that can get a vector
+    c = len(rows)
+    slots = _Slots(rows, np.full((c, dt), np.nan, np.float32), np.full((c, di), np.nan, np.float32), np.zeros(c, bool),
+                   np.zeros(c, bool), has_text[rows], (visual & tower)[rows], np.zeros(n, np.int8))
     if previous is not None and force:
-        slots.status[np.isin(np.asarray(ids, object), np.asarray(previous.column("entity_id").to_pylist(), object))] = 2
+        slots.status[pc.is_in(catalog.column("entity_id"), value_set=previous.column("entity_id")).to_numpy(zero_copy_only=False)] = 2
     elif previous is not None:
-        _reuse(slots, previous, ids, hashes, encoders.versions, tower)
+        _reuse(slots, previous, catalog.column("entity_id"), hashes, encoders.versions, tower)
 
-    rows = np.flatnonzero(slots.need_text)
-    if len(rows):
+    todo = np.flatnonzero(slots.need_text)
+    if len(todo):
         progress = (lambda done, total: on_progress("text", done, total)) if on_progress else None
-        slots.text[rows], slots.text_ok[rows] = encoders.text.encode([texts[r] for r in rows], progress), True
-    rows = np.flatnonzero(slots.need_image)
-    if len(rows):
-        _encode_visuals(rows, image_uris, video_uris, ids, encoders.image, cfg.image.max_frames, slots.image, slots.image_ok,
-                        problems, on_progress)
-    fused, valid = fuse(slots.text, slots.text_ok, slots.image, slots.image_ok, cfg.fusion)
+        slots.text[todo], slots.text_ok[todo] = encoders.text.encode([texts[r] for r in rows[todo]], progress), True
+    todo = np.flatnonzero(slots.need_image)
+    if len(todo):
+        _encode_visuals(todo, [image_uris[r] for r in rows], [video_uris[r] for r in rows], [ids[r] for r in rows],
+                        encoders.image, cfg.image.max_frames, slots.image, slots.image_ok, problems, on_progress)
+    fused, valid = fuse(slots.text, slots.text_ok, slots.image, slots.image_ok, cfg.fusion)  # (C, D), (C,)
 
     table = pa.Table.from_arrays([
-        catalog.column("entity_id"), catalog.column("entity_type"), _vectors(fused, valid), _vectors(slots.text, slots.text_ok),
-        _vectors(slots.image, slots.image_ok), pa.array(slots.text_ok), pa.array(slots.image_ok), pa.array(hashes, pa.string()),
+        catalog.column("entity_id"), catalog.column("entity_type"), _scatter(n, rows, fused, valid),
+        _scatter(n, rows, slots.text, slots.text_ok), _scatter(n, rows, slots.image, slots.image_ok),
+        pa.array(_spread(n, rows, slots.text_ok)), pa.array(_spread(n, rows, slots.image_ok)), pa.array(hashes, pa.string()),
         pa.array([encoders.version] * n, pa.string()),
     ], schema=content_schema(dt, di, encoders.fused_dim))
-    new, changed, version_changed, reused = (int(c) for c in np.bincount(slots.status, minlength=4))
+    new, changed, version_changed, reused = (int(k) for k in np.bincount(slots.status, minlength=4))
     return ContentBuild(table, encoders.version, encoders.weights, new, changed, version_changed, reused,
-                        int(slots.need_text.sum()), int(slots.need_image.sum()), int((~valid).sum()),
+                        int(slots.need_text.sum()), int(slots.need_image.sum()), n - int(valid.sum()),
                         int((visual & ~tower).sum()),
                         {"embedding": encoders.fused_dim, "text_embedding": dt, "image_embedding": di},
                         problems[:MAX_PROBLEMS], len(problems), time.perf_counter() - t0)
+
+
+def _spread(n: int, rows: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    """(N,) bool: the content rows' flags, False on every other row."""
+    out = np.zeros(n, bool)
+    out[rows] = flags
+    return out
 
 
 def embed_window(catalog: pa.Table, config: ContentConfig, clip_checkpoint: Path | None = None,

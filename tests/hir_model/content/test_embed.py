@@ -108,3 +108,12 @@ def test_to_matrix_reads_slices_and_nulls():
     arr = pa.FixedSizeListArray.from_arrays(values, 2, mask=pa.array([False, True, False, False]))
     mat, valid = to_matrix(arr.slice(1, 3))
     assert valid.tolist() == [False, True, True] and mat[1].tolist() == [4, 5] and np.isnan(mat[0]).all()
+
+
+def test_reuse_needs_only_the_reused_columns_of_the_previous_table(encoders, window0, tmp_path):
+    from hir_model.content.embed import REUSED_COLUMNS
+
+    first = embed_catalog(window0, encoders).table
+    grown = pa.concat_tables([window0, catalog(products(tmp_path, 1, start=40))])
+    whole, narrow = embed_catalog(grown, encoders, previous=first), embed_catalog(grown, encoders, previous=first.select(REUSED_COLUMNS))
+    assert narrow.table.equals(whole.table) and (narrow.new, narrow.reused, narrow.texts_encoded) == (1, 11, 2)

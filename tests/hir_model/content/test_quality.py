@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from hir_model.content import chance_agreement, embedding_report, neighbour_agreement
-from hir_model.content.embed import _vectors
+from hir_model.content.embed import _scatter
 
 
 def test_neighbour_agreement_is_one_on_separated_clusters_and_near_chance_on_noise():
@@ -25,7 +25,8 @@ def test_neighbour_agreement_is_one_on_separated_clusters_and_near_chance_on_noi
 def test_report_finds_missing_rows_nan_and_bad_norms():
     vec = np.array([[1, 0], [np.nan, 0], [2, 0]], np.float32)
     valid = np.array([True, True, True])
-    table = pa.table({"entity_id": ["a", "b", "c"], "embedding": _vectors(vec, valid), "text_embedding": _vectors(vec, valid),
+    table = pa.table({"entity_id": ["a", "b", "c"], "embedding": _scatter(3, np.arange(3), vec, valid),
+                      "text_embedding": _scatter(3, np.arange(3), vec, valid),
                       "image_embedding": pa.nulls(3, pa.list_(pa.float32(), 0)), "has_text": [True] * 3,
                       "has_image": [False] * 3, "encoder_version": ["v"] * 3})
     report = embedding_report(table, pa.array(["a", "b", "c", "d"]))
