@@ -51,7 +51,7 @@ import torch  # noqa: E402
 
 from hir_model.config import load_config  # noqa: E402
 from hir_model.content.catalog_clip import CLIP_ASSET, CLIP_CHECKPOINT_FILE, load_checkpoint, refresh, write_checkpoint  # noqa: E402
-from hir_model.content.embed import ContentConfig, embed_window as embed_content  # noqa: E402
+from hir_model.content.embed import REUSED_COLUMNS, ContentConfig, embed_window as embed_content  # noqa: E402
 from hir_model.content.text import TextEncoderConfig  # noqa: E402
 from hir_model.content.vectors import CONTENT_ASSET, CONTENT_FILE  # noqa: E402
 from hir_model.data.synthetic import SyntheticSource  # noqa: E402
@@ -145,7 +145,7 @@ def content(run: Run, window: Window) -> dict:
     prev = run.previous(window)
     checkpoint = run.store.partition_dir(CLIP_ASSET, window.key) / CLIP_CHECKPOINT_FILE
     build = embed_content(catalog, ContentConfig(text=TextEncoderConfig(dtype=run.text_dtype)), checkpoint if checkpoint.is_file() else None,
-                         run.store.read(CONTENT_ASSET, prev, CONTENT_FILE) if prev else None)
+                         run.store.read(CONTENT_ASSET, prev, CONTENT_FILE, columns=REUSED_COLUMNS) if prev else None)
     with run.store.writing() as staging:
         staging.write_table(CONTENT_ASSET, window.key, CONTENT_FILE, build.table)
     return {"embedded": build.embedded, "texts": build.texts_encoded, "images": build.visuals_encoded}
