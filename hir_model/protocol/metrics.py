@@ -104,15 +104,65 @@ def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None, tie_ord
     scores: (U, C); exclude: (U, C) boolean, excluded cells rank last; tie_order: (C,) a permutation of the
     columns, the earlier column wins a tie (default: column order).
     """
+    s = _rankable(scores)
+    if exclude is not None:
+        s[np.asarray(exclude, bool)] = -np.inf
+    return _best(s, k, tie_order)
+
+
+def _rankable(scores: np.ndarray) -> np.ndarray:
+    """A copy of `scores` that -inf can be written into (floats keep their dtype: the order is the same as in float64)."""
     scores = np.asarray(scores)
     if np.isnan(scores).any():
         raise ValueError("scores hold NaN: a method must return finite scores (or -inf for 'never')")
-    n_cols = scores.shape[1]
-    order = np.arange(n_cols) if tie_order is None else np.asarray(tie_order)
-    s = scores[:, order].astype(np.float64)  # columns in tie order: a stable sort keeps it among equals
-    if exclude is not None:
-        s[exclude[:, order]] = -np.inf
+    return scores.astype(scores.dtype if np.issubdtype(scores.dtype, np.floating) else np.float64, copy=True)
+
+
+def _best(s: np.ndarray, k: int, tie_order: np.ndarray | None) -> np.ndarray:
+    """(U, min(k, C)) top_k of `s` (excluded cells already -inf): each row's cells ordered by (-score, place in the tie
+    order), the first k.
+
+    Only a superset of each row's top k is sorted: the cells at or above a lower bound of the row's k-th largest score
+    (the k-th largest of every `step`-th column), or, where that bound is -inf, the finite cells and the first k columns
+    in tie order (the -inf cells a top k can hold are among those). Where ties make that set large (a constant score),
+    the rows are ranked in tie order instead, as a stable sort (`_best_in_tie_order`). Both give the same columns."""
+    n_rows, n_cols = s.shape
     k = min(k, n_cols)
+    if k == n_cols or n_rows == 0:
+        return _best_in_tie_order(s, k, tie_order)
+    step = max(1, int(np.sqrt(n_cols / k) / 2))  # about sqrt(k C) / 2 columns bound about k step cells a row
+    sub = s[:, ::step]
+    if sub.shape[1] <= k:
+        sub = s
+    bound = np.partition(sub, sub.shape[1] - k, axis=1)[:, sub.shape[1] - k:sub.shape[1] - k + 1]  # (U, 1) <= k-th largest
+    keep = s >= bound
+    low = np.flatnonzero(bound[:, 0] == -np.inf)
+    if len(low):
+        order = np.arange(n_cols) if tie_order is None else np.asarray(tie_order)
+        keep[low] = s[low] > -np.inf
+        keep[low[:, None], order[None, :k]] = True
+    row, col = np.divmod(np.flatnonzero(keep), n_cols)  # row-major (np.nonzero of a 2-d mask is several times slower)
+    if len(row) > max(s.size // 16, 4 * n_rows * k):  # ties: sorting this many costs more than ranking in tie order
+        return _best_in_tie_order(s, k, tie_order)
+    place = col if tie_order is None else _places(tie_order)[col]
+    first = np.lexsort((place, -s[row, col], row))  # by row, then score descending, then tie order
+    starts = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=n_rows))[:-1]])
+    return col[first[starts[:, None] + np.arange(k)]]
+
+
+def _places(tie_order: np.ndarray) -> np.ndarray:
+    """(C,) each column's place in the tie order (the inverse permutation)."""
+    order = np.asarray(tie_order)
+    place = np.empty(len(order), np.int64)
+    place[order] = np.arange(len(order))
+    return place
+
+
+def _best_in_tie_order(s: np.ndarray, k: int, tie_order: np.ndarray | None) -> np.ndarray:
+    """_best by ranking every cell: the columns put in tie order, a stable sort keeps that order among equals."""
+    n_cols = s.shape[1]
+    order = np.arange(n_cols) if tie_order is None else np.asarray(tie_order)
+    s = s[:, order]
     if k < n_cols:  # keep exactly the k best of each row (ties at the k-th value: the earliest in tie order) ...
         kth = -np.partition(-s, k - 1, axis=1)[:, k - 1:k]  # (U, 1) the k-th largest value
         above, at = s > kth, s == kth
@@ -123,6 +173,17 @@ def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None, tie_ord
     else:  # ... then sort those k (stable: ties keep the tie order)
         best = np.argsort(-s, axis=1, kind="stable")
     return order[best]
+
+
+def _member(rag: Ragged, lo: int, hi: int, n_cols: int, cols: np.ndarray) -> np.ndarray:
+    """(hi - lo, m) bool: cols[r - lo, j] is in row r of `rag` (rows lo..hi), without a dense (rows, n_cols) mask."""
+    a, b = rag.ptr[lo], rag.ptr[hi]
+    keys = np.sort(np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(rag.ptr[lo:hi + 1])) * n_cols + rag.idx[a:b])
+    if len(keys) == 0:
+        return np.zeros(cols.shape, bool)
+    asked = np.arange(hi - lo, dtype=np.int64)[:, None] * n_cols + cols
+    pos = np.minimum(np.searchsorted(keys, asked), len(keys) - 1)
+    return keys[pos] == asked
 
 
 def ranking_metrics(scores: np.ndarray, targets: Ragged, exclude: Ragged | None = None,
@@ -147,9 +208,12 @@ def ranking_metrics(scores: np.ndarray, targets: Ragged, exclude: Ragged | None 
     for lo in range(0, n_users, chunk):
         hi = min(n_users, lo + chunk)
         part = slice(lo, hi)
-        ex = exclude.to_mask(n_cols, part) if exclude is not None else None
-        best = top_k(scores[part], kmax, ex, tie_order)  # (u, kmax')
-        hit = np.take_along_axis(targets.to_mask(n_cols, part), best, axis=1).astype(np.float64)
+        s = _rankable(scores[part])  # (u, C)
+        if exclude is not None:
+            a, b = exclude.ptr[lo], exclude.ptr[hi]
+            s[np.repeat(np.arange(hi - lo), np.diff(exclude.ptr[lo:hi + 1])), exclude.idx[a:b]] = -np.inf
+        best = _best(s, kmax, tie_order)  # (u, kmax')
+        hit = _member(targets, lo, hi, n_cols, best).astype(np.float64)
         if hit.shape[1] < kmax:  # fewer candidates than kmax: missing ranks are misses
             hit = np.pad(hit, ((0, 0), (0, kmax - hit.shape[1])))
         for k in recall_ks:
