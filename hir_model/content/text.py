@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +89,7 @@ class TextEncoder:
     """texts -> (N, dim) float32 unit vectors. Load once per run; `version` names the weights exactly."""
 
     def __init__(self, config: TextEncoderConfig = TextEncoderConfig()):
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoConfig
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # a weight-loading bar per run is noise in the run log
@@ -97,11 +98,22 @@ class TextEncoder:
             raise ValueError(f"TextEncoderConfig.dtype must be float32 or bfloat16, got {config.dtype!r}")
         self.config = config
         self.folder, self.name = resolve_model(config.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
-        self.model = AutoModel.from_pretrained(self.folder, local_files_only=True, dtype=getattr(torch, config.dtype)).eval()
-        self.dim = int(self.model.config.hidden_size)
+        self.dim = int(AutoConfig.from_pretrained(self.folder, local_files_only=True).hidden_size)
         settings = f"mean-pool;l2;max_length={config.max_length};dtype={config.dtype}"
         self.version = f"{self.name}@{hashlib.sha256((folder_digest(self.folder) + settings).encode()).hexdigest()[:12]}"
+
+    @cached_property
+    def tokenizer(self):
+        """Loaded on first use: a window whose texts are all reused never loads the model (0.5 s of its fixed cost)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
+
+    @cached_property
+    def model(self) -> torch.nn.Module:
+        from transformers import AutoModel
+
+        return AutoModel.from_pretrained(self.folder, local_files_only=True, dtype=getattr(torch, self.config.dtype)).eval()
 
     @property
     def weights(self) -> str:

@@ -46,3 +46,10 @@ def test_a_model_name_outside_the_local_cache_is_refused_not_downloaded():
 def test_a_folder_without_a_model_is_refused(tmp_path):
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         TextEncoder(TextEncoderConfig(model=str(tmp_path)))
+
+
+def test_the_model_loads_only_when_a_text_is_encoded(text_encoder):
+    fresh = TextEncoder(TextEncoderConfig())  # what a window whose texts are all reused pays for
+    assert (fresh.dim, fresh.version) == (text_encoder.dim, text_encoder.version) and "model" not in vars(fresh)
+    np.testing.assert_array_equal(fresh.encode(["a red shoe"]), text_encoder.encode(["a red shoe"]))
+    assert "model" in vars(fresh)
