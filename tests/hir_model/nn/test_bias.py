@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hir_model.graph.types import SampledBatch
-from hir_model.nn.backends import build_dense_bias
+from hir_model.nn.backends import BiasWorkspace, build_dense_bias
 from hir_model.nn.batch import collate
 from hir_model.nn.bias import StructuralBias, age_bucket, dense_bias, tree_distance
 from hir_model.nn.config import EncoderConfig
@@ -77,6 +77,19 @@ def test_compiled_dense_bias_equals_the_eager_reference():
     t = randomised(EncoderConfig()).tensors(collate(sampled), n_global=3)
     with torch.no_grad():
         torch.testing.assert_close(build_dense_bias(t, compiled=True), dense_bias(t))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_grad_bias_in_a_workspace_equals_the_definition_bit_for_bit(seed):
+    """Passes without a gradient gather the bias their own way (grid_bias_into); the values must be `bias`'s exactly."""
+    rng = np.random.default_rng(seed)
+    sampled, _ = random_batch(rng, rng.integers(1, 40, 5).tolist(), max_depth=3)
+    t = randomised(EncoderConfig(max_depth=3), seed).tensors(collate(sampled), n_global=2)
+    workspace = BiasWorkspace()
+    with torch.no_grad():
+        fast = build_dense_bias(t, compiled=False, workspace=workspace)
+        assert fast.data_ptr() == workspace.buffer.data_ptr()  # written in place, no fresh (B, H, N, Nk) tensor
+        assert torch.equal(fast, dense_bias(t))
 
 
 @pytest.mark.parametrize("compiled", [False, True])
