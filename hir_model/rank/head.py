@@ -31,6 +31,8 @@ from hir_model.protocol.method import decay, event_weights
 from hir_model.protocol.split import Queries
 
 
+KERNEL_TILE = 4096  # item columns of the interest kernel's soft maximum at once (its (C, tile) temporaries stay in cache)
+
 @dataclass(frozen=True)
 class HeadConfig:
     deep_weight: float = 2.0  # a converted event weighs this much in the recent items, the kernel and the priors
@@ -136,9 +138,11 @@ def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: 
     for q, (items, weight) in enumerate(kernel_items(queries, half_life_days, deep_weight, min_share)):
         if not len(items):
             continue
-        sims = item_vectors[items] @ target.T  # (C, N)
-        top = sims.max(0)
-        out[q] = temp * np.log((weight[:, None] * np.exp((sims - top) / temp)).sum(0)) + top
+        sims = item_vectors[items] @ target.T  # (C, N) one product per query, as scored everywhere (BLAS sums by shape)
+        for lo in range(0, sims.shape[1], KERNEL_TILE):  # the soft maximum column by column, a cache-sized tile at a time
+            part = sims[:, lo:lo + KERNEL_TILE]
+            top = part.max(0)
+            out[q, lo:lo + KERNEL_TILE] = temp * np.log((weight[:, None] * np.exp((part - top) / temp)).sum(0)) + top
     return out
 
 

@@ -197,7 +197,7 @@ class Recommender:
             budget = min(math.ceil(factor * max(k, self.budget_k)), self.state.n_items)
 
             def fresh(rows: np.ndarray, n: int) -> np.ndarray:
-                return rows[~np.isin(rows, skip)][:n]
+                return rows[_absent(rows, skip)][:n]
 
             parts = [fresh(self.retriever.probe_vector(vectors[q], budget + len(skip), floor=k + len(skip))[0], max(budget, k))]
             per_item = math.ceil(budget / KERNEL_PROBES)
@@ -223,7 +223,7 @@ class Recommender:
                 rows = cands[q]
                 s = self.scores(_one(batch, q), rows)[0]
             if not include_seen:
-                keep = ~np.isin(rows, seen.row(q))
+                keep = _absent(rows, np.unique(seen.row(q)))
                 rows, s = rows[keep], s[keep]
             order = np.lexsort((rows, -s))[:k]
             out.append((rows[order], s[order]))
@@ -251,6 +251,15 @@ def _stamps(events: list[ContextEvent], end_us: int) -> np.ndarray:
     n = len(events)
     return np.array([e.ts_us if e.ts_us is not None else end_us - (n - i) * US_PER_SECOND for i, e in enumerate(events)],
                     np.int64)
+
+
+def _absent(rows: np.ndarray, skip: np.ndarray) -> np.ndarray:
+    """(len(rows),) bool: the row is not in `skip` (sorted ascending). A binary search: np.isin of item rows builds a
+    table as long as the largest row, a cost per query that grows with the catalogue."""
+    if len(skip) == 0:
+        return np.ones(len(rows), bool)
+    pos = np.minimum(np.searchsorted(skip, rows), len(skip) - 1)
+    return skip[pos] != rows
 
 
 def _one(batch: Batch, q: int) -> Batch:

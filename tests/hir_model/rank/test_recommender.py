@@ -155,3 +155,13 @@ def test_more_candidates_reach_more_of_the_exact_ranking_and_tuning_takes_the_sm
     assert all(served_recall(rec, users, 20, f).recall < 0.9 for f in smaller)
     capped, _ = tune_probe_factor(rec, users, 20, 1.01, 0.05)  # unreachable target within 5% of the items: the cap holds
     assert served_recall(rec, users, 20, capped).candidate_fraction <= 0.05 or capped == 0.5
+
+
+def test_absent_is_the_complement_of_membership_in_the_sorted_skip_list():
+    from hir_model.rank.recommender import _absent
+
+    rng = np.random.default_rng(3)
+    for n_skip in (0, 1, 7, 300):
+        skip = np.unique(rng.integers(0, 500, n_skip))
+        rows = rng.integers(0, 520, 200)
+        assert _absent(rows, skip).tolist() == (~np.isin(rows, skip)).tolist()
