@@ -194,7 +194,8 @@ def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], 
     if sampled:
         keep_users = users_all[sample_rows(np.arange(len(users_all)),
                                            user_priority(users_all, split.window, config.seed), config.max_users)]
-        pairs = pairs.take(np.flatnonzero(np.isin(pairs.user_ids, keep_users)))
+        # a hash lookup: np.isin sorts the object ids of every pair with the sample (33 s of medium's evaluation)
+        pairs = pairs.take(np.flatnonzero(pd.Index(keep_users).get_indexer(pairs.user_ids) >= 0))
     blocks, names = [], []
     chosen = [m for m in methods if m.name == config.lift_method]
     if chosen:
