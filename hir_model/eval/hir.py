@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from hir_model.protocol.split import Interactions, ItemSpace, Queries
-from hir_model.rank.head import head_scores
+from hir_model.rank.head import head_scores, head_scores_at
 from hir_model.rank.inductive import InductiveEncoder
 from hir_model.rank.recommender import ContextEvent, Recommender
 
@@ -51,6 +51,18 @@ class HeadMethod:
         if self.mode == "served":
             return self._served(queries, items)
         side = self.item_side(items)
+        return head_scores(queries, side, self.config, *self._users(queries, items))
+
+    def score_pairs(self, queries: Queries, items: ItemSpace, q: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """(P,) score(queries, items)[q, c], the same values, without the interest kernel's soft maximum over every item
+        (the lift reads a few items of each user)."""
+        if self.mode == "served":
+            return self.score(queries, items)[q, c]
+        return head_scores_at(queries, self.item_side(items), self.config, *self._users(queries, items), q, c)
+
+    def _users(self, queries: Queries, items: ItemSpace) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(Q, W) the published rows, (Q,) which queries are warm (a row), (Q, W) encoder vectors of the others (or None)."""
+        side = self.item_side(items)
         known = np.array([self.rec.knows(u) for u in queries.user_ids], bool)
         rows = np.zeros((len(queries), side.vectors.shape[1]), np.float32)
         warm = np.zeros(len(queries), bool)
@@ -62,7 +74,7 @@ class HeadMethod:
         if len(cold):
             vectors = np.zeros_like(rows)
             vectors[cold] = self.inductive.embed_cold(queries.take(cold), items)
-        return head_scores(queries, side, self.config, rows, warm, vectors)
+        return rows, warm, vectors
 
     def _served(self, queries: Queries, items: ItemSpace) -> np.ndarray:
         out = np.full((len(queries), len(items)), -np.inf, np.float32)

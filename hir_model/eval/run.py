@@ -209,10 +209,13 @@ def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], 
             user_blocks = query_blocks(len(users), len(split.items), config)
             bounds = np.searchsorted(inverse[order], [b for _, b in user_blocks])
             start = 0
+            at_pairs = getattr(chosen[0], "score_pairs", None)  # a method that can score a few cells a row (HIR's)
             for (a, b), stop in zip(user_blocks, bounds):
-                s = chosen[0].score(queries.take(np.arange(a, b)), split.items)  # (b - a, N)
-                at = order[start:stop]
-                score[pair_rows[at]] = s[inverse[at] - a, pair_items[at]]
+                block, at = queries.take(np.arange(a, b)), order[start:stop]
+                if at_pairs is not None:
+                    score[pair_rows[at]] = at_pairs(block, split.items, inverse[at] - a, pair_items[at])
+                else:
+                    score[pair_rows[at]] = chosen[0].score(block, split.items)[inverse[at] - a, pair_items[at]]  # (b - a, N)
                 start = stop
         blocks.append(np.column_stack([np.where(warm & known, score, 0.0), (warm & known).astype(float)]))
         names += [f"{chosen[0].name}_score", f"{chosen[0].name}_scored"]

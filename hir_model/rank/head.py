@@ -146,6 +146,23 @@ def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: 
     return out
 
 
+def interest_kernel_at(queries: Queries, item_vectors: np.ndarray, half_life_days: float | None, deep_weight: float,
+                       temp: float, min_share: float, q: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """(P,) float32 interest_kernel(...)[q, c] (every item a column): each query's product over every item as there (so
+    the same values), the soft maximum only at its cells (q, c)."""
+    out = np.zeros(len(q), np.float32)
+    order = np.argsort(q, kind="stable")
+    bounds = np.searchsorted(q[order], np.arange(len(queries) + 1))
+    for i, (items, weight) in enumerate(kernel_items(queries, half_life_days, deep_weight, min_share)):
+        at = order[bounds[i]:bounds[i + 1]]
+        if not len(items) or not len(at):
+            continue
+        part = (item_vectors[items] @ item_vectors.T)[:, c[at]]  # (C, cells)
+        top = part.max(0)
+        out[at] = temp * np.log((weight[:, None] * np.exp((part - top) / temp)).sum(0)) + top
+    return out
+
+
 def warm_query(queries: Queries, item_vectors: np.ndarray, rows: np.ndarray | None, config: HeadConfig) -> np.ndarray:
     """(Q, W) a warm user's query: (1 - recent_weight) x row + recent_weight x recent items (rows None: recent items)."""
     if rows is not None and not config.recent_weight:
@@ -199,4 +216,29 @@ def head_scores(queries: Queries, items: ItemSide, config: HeadConfig, rows: np.
         prior = items.cold_prior if items.cold_prior is not None else items.prior
         if prior is not None:
             out[cold] += prior[cols][None, :]
+    return out
+
+
+def head_scores_at(queries: Queries, items: ItemSide, config: HeadConfig, rows: np.ndarray | None, warm: np.ndarray,
+                   cold_vectors: np.ndarray | None, q: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """(P,) float32 head_scores(queries, items, config, rows, warm, cold_vectors)[q, c]: the same products and the same
+    float32 steps, the interest kernel's soft maximum only at the cells asked for (a few items of each query, not all)."""
+    out = np.zeros(len(q), np.float32)
+    hot, cold = np.flatnonzero(warm), np.flatnonzero(~warm)
+    on_hot = warm[q]
+    if len(hot) and on_hot.any():
+        sub, cells = queries.take(hot), np.flatnonzero(on_hot)
+        hq, hc = np.searchsorted(hot, q[cells]), c[cells]  # the cells' rows among the warm queries
+        vals = (1 - config.kernel_weight) * (warm_query(sub, items.vectors, rows[hot], config) @ items.vectors.T)[hq, hc]
+        if config.kernel_weight:
+            vals += config.kernel_weight * interest_kernel_at(sub, items.vectors, config.recent_half_life_days,
+                                                              config.deep_weight, config.kernel_temp,
+                                                              config.kernel_min_share, hq, hc)
+        if items.prior is not None:
+            vals += items.prior[hc]
+        out[cells] = vals
+    if len(cold) and (~on_hot).any():
+        cells = np.flatnonzero(~on_hot)
+        out[cells] = head_scores(queries.take(cold), items, config, None, np.zeros(len(cold), bool),
+                                 cold_vectors[cold])[np.searchsorted(cold, q[cells]), c[cells]]
     return out

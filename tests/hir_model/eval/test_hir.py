@@ -116,6 +116,20 @@ def test_scores_are_dot_products_warm_users_looked_up_and_cold_ones_inductive(st
         other.fit(split.train, split.items.known())
 
 
+def test_score_pairs_are_the_scores_at_those_cells_bit_for_bit(store):
+    """The lift reads HIR's scores at a few cells a user through score_pairs: exactly score()'s values there, for warm
+    users (the kernel's soft maximum only at those cells) and cold ones, with the kernel, without it and served."""
+    split = _split(store)
+    for m in (_hir(store), _hir(store, kernel_weight=0.0), _hir(store, "hir_embeddings"), _hir(store, "hir")):
+        m.fit(split.train, split.items.known())
+        for queries in (split.warm.queries, split.cold.queries):
+            full = m.score(queries, split.items)
+            rng = np.random.default_rng(0)
+            q = rng.integers(0, len(queries), 40)
+            c = rng.integers(0, len(split.items), 40)
+            np.testing.assert_array_equal(m.score_pairs(queries, split.items, q, c), full[q, c])
+
+
 def test_the_served_row_is_the_recommenders_top_k_and_never_an_engaged_item(store):
     split = _split(store)
     served, exact = _hir(store, "hir"), _hir(store)
