@@ -25,6 +25,7 @@ from hir_model.config import load_config
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import KEY_FORMAT, utc
 from hir_model.storage import PartitionStore
+from hir_model.train.checkpoint import ENCODER_ASSET
 
 
 
@@ -77,16 +78,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
-    def run(job_def, partition_key, label: str) -> bool:
+    # The demo trains each window in its own process's step (HirEncoderRun.launch): no process to start, about 3 s a
+    # window on 2 cores; runs launched from the UI or a schedule keep the Pipes subprocess.
+    in_process = {"ops": {ENCODER_ASSET: {"config": {"launch": "in_process"}}}}
+
+    def run(job_def, partition_key, label: str, config: dict | None = None) -> bool:
         result = job_def.execute_in_process(partition_key=partition_key, instance=instance, raise_on_error=False,
-                                            tags={"hir/demo": "true"}, run_config=quiet)
+                                            tags={"hir/demo": "true"}, run_config=quiet | (config or {}))
         if not result.success:
             print(f"{label} failed (run id {result.run_id}); see `make ui` for the logs", file=sys.stderr)
         return result.success
 
     evaluation = defs.resolve_job_def(EVALUATION_JOB)
     for i, key in enumerate(keys, 1):
-        if not run(job, key, f"run for window {key}"):
+        if not run(job, key, f"run for window {key}", in_process):
             return 1
         print(f"[{i}/{len(keys)}] {key} materialised ({time.time() - t0:.0f}s)", flush=True)
         if i > 1 and not args.skip_evaluation:  # window t is judged on t+1's events: evaluate the previous window now

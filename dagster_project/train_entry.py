@@ -28,8 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics = entry.run(args)
         context.log.info(f"trained {args.window}: final loss {metrics['final_loss']}")
         context.report_asset_materialization(
-            metadata={k: v for k, v in metrics.items() if v is not None and not isinstance(v, list)}
-            | {"usage_entropy": {"raw_value": metrics["usage_entropy"], "type": "json"}})
+            metadata=entry.scalar_metrics(metrics) | {"usage_entropy": {"raw_value": metrics["usage_entropy"], "type": "json"}})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Training stage: `hir_encoder`, the window's checkpoint, trained by the one entry point launched through Dagster Pipes."""
+"""Training stage: `hir_encoder`, the window's checkpoint, trained by the one entry point, launched through Dagster Pipes
+(or, with launch="in_process", called in the step's own process)."""
 
 
 import base64
@@ -41,10 +42,16 @@ class HirEncoderRun(dg.Config):
     """How the entry point is launched, and TrainConfig fields over hir.toml's [train] (None: hir.toml's, else
     TrainConfig's; hir_model.train.entry applies them)."""
 
-    nproc_per_node: int = 1  # > 1: launch with torchrun (DDP: gloo on CPU, nccl on GPU)
+    launch: str = "pipes"  # "pipes": the entry point in its own process through Dagster Pipes, as on a cluster;
+    # "in_process": the same entry point in the step's process, without a process start (the demo's choice, see LAUNCHES)
+    nproc_per_node: int = 1  # > 1: launch with torchrun (DDP: gloo on CPU, nccl on GPU); needs launch="pipes"
     steps: Optional[int] = None  # optimizer steps of the window
     threads: Optional[int] = None  # torch threads per process (None: torch's default)
     levels: Optional[str] = None  # prototypes per level, coarse to fine, e.g. "4,12,36"
+
+
+LAUNCHES = ("pipes", "in_process")  # in_process skips starting Python, torch and the entry's imports: about 3 s of a
+# MovieLens window's 10 s on 2 cores; Pipes keeps training in its own process (memory, a crash, a GPU run launcher)
 
 
 def previous_checkpoint(store: PartitionStore, key: str) -> str | None:
@@ -143,6 +150,25 @@ def entry_args(store: PartitionStore, key: str, out: Path, previous: str | None,
     return args
 
 
+def check_launch(config: HirEncoderRun) -> None:
+    """Refuse a run config that names no launch, or more than one process without Pipes (before anything runs)."""
+    if config.launch not in LAUNCHES or (config.launch == "in_process" and config.nproc_per_node > 1):
+        raise dg.Failure(description=f"hir_encoder: launch={config.launch!r} with nproc_per_node={config.nproc_per_node}: "
+                                     f"launch is one of {LAUNCHES}, and more than one process needs launch='pipes'",
+                         allow_retries=False)
+
+
+def train_in_process(context: dg.AssetExecutionContext, args: list[str], config: HirEncoderRun) -> dict:
+    """The training entry point called in this process (launch="in_process"); its scalar metrics as metadata."""
+    from hir_model.train import entry
+
+    parsed = entry.parse(args)
+    context.log.info(f"training {parsed.window} in process")
+    metrics = entry.run(parsed)
+    context.log.info(f"trained {parsed.window}: final loss {metrics['final_loss']}")
+    return entry.scalar_metrics(metrics)
+
+
 def commit_checkpoint(store: PartitionStore, key: str, out: Path, metrics: dict) -> None:
     """Publish the trained checkpoint `out` and its metrics as window `key`'s hir_encoder."""
     with store.writing() as staging:
@@ -162,7 +188,8 @@ def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: 
               backfill_policy=dg.BackfillPolicy.multi_run(1), pool="gpu")
     def hir_encoder(context: dg.AssetExecutionContext, config: HirEncoderRun, storage: PartitionStorage,
                     pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
-        """Encoder + multi-level prototypes trained on data up to the window end, warm-started from t-1 (via Dagster Pipes)."""
+        """Encoder + multi-level prototypes trained on data up to the window end, warm-started from t-1 (through Dagster Pipes unless launch="in_process")."""
+        check_launch(config)
         key, store = context.partition_key, storage.store()
         graph_dir, events, content = window_inputs(store, key)
         previous = previous_checkpoint(store, key)
@@ -170,19 +197,23 @@ def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: 
         scratch.mkdir(parents=True, exist_ok=True)
         out = scratch / CHECKPOINT_FILE
         args = entry_args(store, key, out, previous, overrides, config)
-        reported = pipes_subprocess_client.run(command=command(args, config.nproc_per_node), context=context).get_materialize_result()
+        if config.launch == "in_process":
+            reported = train_in_process(context, args, config)
+        else:
+            reported = dict(pipes_subprocess_client.run(command=command(args, config.nproc_per_node), context=context)
+                            .get_materialize_result().metadata or {})
         metrics = json.loads(Path(f"{out}.metrics.json").read_text())
         probe_error = reproduces_probe(out, graph_dir, events, content, metrics)
         commit_checkpoint(store, key, out, metrics)
         shutil.rmtree(scratch, ignore_errors=True)
-        metadata = dict(reported.metadata or {})
+        metadata = reported
         metadata.update({
             "loss_curve": dg.MetadataValue.md(loss_plot(metrics["losses"], metrics["parts"])),
             "usage_entropy": dg.MetadataValue.json(metrics["usage_entropy"]),
             "usage_share": dg.MetadataValue.json(metrics["usage_share"]),
             "steps": metrics["window_steps"], "total_steps": metrics["step"],
             "samples_per_s": round(metrics["samples_per_s"], 1), "attention_backend": metrics["backend"],
-            "warm_started_from": previous or "none (first window)", "nproc_per_node": config.nproc_per_node,
+            "warm_started_from": previous or "none (first window)", "nproc_per_node": config.nproc_per_node, "launch": config.launch,
             "version": metrics["version"], "path": dg.MetadataValue.path(store.uri(ENCODER_ASSET, key)),
         })
         return dg.MaterializeResult(metadata=metadata, check_results=check_results(metrics, probe_error))

@@ -44,6 +44,11 @@ def metrics_of(result) -> dict:
     return d
 
 
+def scalar_metrics(metrics: dict) -> dict:
+    """The metrics a launcher reports as materialisation metadata: the set scalars (lists go to the metrics file)."""
+    return {k: v for k, v in metrics.items() if v is not None and not isinstance(v, list)}
+
+
 def run(args: argparse.Namespace) -> dict | None:
     distributed = _init_dist()
     rank = torch.distributed.get_rank() if distributed else 0

@@ -1,9 +1,11 @@
-"""hir_encoder materialised with Dagster (through Pipes) on the bring-your-own fixture, two windows in order."""
+"""hir_encoder materialised with Dagster (through Pipes, and in process) on the bring-your-own fixture."""
 
 from __future__ import annotations
 
 
 import dagster as dg
+import pytest
+import torch
 
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
@@ -16,15 +18,19 @@ from hir_model.train.checkpoint import CHECKPOINT_FILE, ENCODER_ASSET, load_trai
 KEYS = ["2024-01-07", "2024-01-14"]
 
 
-def test_two_windows_train_through_pipes_and_warm_start(byo, tmp_path):
-    config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(tmp_path / "store"),
-                       data_dir=tmp_path / "data")
+def training_job(byo, store):
+    config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri=str(store),
+                       data_dir=store.parent / "data")
     partitions = window_partitions(config.window_spec())
     defs = dg.Definitions(assets=build_ingest_assets(partitions) + build_graph_assets(partitions) + build_training_assets(partitions),
                           resources={"storage": LocalPartitionStorage(root=config.storage_uri),
                                      "source": SourceResource.from_config(config),
                                      "pipes_subprocess_client": dg.PipesSubprocessClient()})
-    job = defs.resolve_implicit_global_asset_job_def()
+    return defs.resolve_implicit_global_asset_job_def()
+
+
+def test_two_windows_train_through_pipes_and_warm_start(byo, tmp_path):
+    job = training_job(byo, tmp_path / "store")
     instance = dg.DagsterInstance.ephemeral()
     run_config = {"ops": {ENCODER_ASSET: {"config": {"steps": 4, "threads": 1, "levels": "2,4"}}}}
     for key in KEYS:
@@ -59,3 +65,36 @@ def test_loss_check_uses_held_out_batches_and_lets_a_warm_plateau_pass():
     assert loss_passed(held_out_start=5.888, held_out_final=5.933, warm_started=True)  # +0.8%: a plateau
     assert not loss_passed(held_out_start=5.0, held_out_final=5.5, warm_started=True)  # +10%: worse
     assert not loss_passed(held_out_start=5.0, held_out_final=float("nan"), losses=[6.0, float("nan")], warm_started=True)
+
+
+def test_in_process_launch_trains_the_same_weights_as_pipes(byo, tmp_path):
+    """launch="in_process" calls the same entry point in the step's process: the same checkpoint bit for bit."""
+    states, metadata = {}, {}
+    for launch in ("pipes", "in_process"):
+        job = training_job(byo, tmp_path / launch)
+        run_config = {"ops": {ENCODER_ASSET: {"config": {"steps": 3, "levels": "2,4", "launch": launch,
+                                                          "threads": torch.get_num_threads()}}}}
+        result = job.execute_in_process(partition_key=KEYS[0], instance=dg.DagsterInstance.ephemeral(), run_config=run_config,
+                                        raise_on_error=False)
+        (mat,) = [e.event_specific_data.materialization for e in result.get_asset_materialization_events()
+                  if e.asset_key.to_user_string() == ENCODER_ASSET]
+        metadata[launch] = {k: v.value for k, v in mat.metadata.items()}
+        model = load_trained_model(tmp_path / launch / ENCODER_ASSET / KEYS[0] / CHECKPOINT_FILE)
+        states[launch] = model.encoder.state_dict() | {f"prototypes.{i}": p for i, p in enumerate(model.prototypes)}
+    assert metadata["in_process"]["launch"] == "in_process" and metadata["pipes"]["launch"] == "pipes"
+    assert metadata["in_process"]["version"] == metadata["pipes"]["version"]
+    assert set(metadata["pipes"]) == set(metadata["in_process"])  # the same metadata keys, Pipes' included
+    assert states["pipes"].keys() == states["in_process"].keys()
+    assert all(torch.equal(states["pipes"][k], states["in_process"][k]) for k in states["pipes"])
+
+
+@pytest.mark.parametrize("launch, nproc", [("subprocess", 1), ("in_process", 2)])
+def test_a_launch_that_cannot_run_is_refused_before_training(byo, tmp_path, launch, nproc):
+    job = training_job(byo, tmp_path / "store")
+    run_config = {"ops": {ENCODER_ASSET: {"config": {"steps": 1, "launch": launch, "nproc_per_node": nproc}}}}
+    result = job.execute_in_process(partition_key=KEYS[0], instance=dg.DagsterInstance.ephemeral(), run_config=run_config,
+                                    raise_on_error=False)
+    (failure,) = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    message = failure.event_specific_data.error.message
+    assert f"launch={launch!r}" in message and "launch is one of ('pipes', 'in_process')" in message
+    assert not (tmp_path / "store" / ENCODER_ASSET / KEYS[0]).exists()
