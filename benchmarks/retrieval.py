@@ -14,8 +14,9 @@ Cases:
     .venv/bin/python benchmarks/retrieval.py [--quick] [--items N] [--users U] [--store PATH] [--window KEY]
 
 Prints `key=value` lines: per case and path (`served`, `exact`) and k (20, 100): p50_ms, p99_ms; per case the
-served/exact latency ratio, recall_at_100, candidate_fraction and the tuned probe factor. Single queries one after
-another on one thread, the Python of the served path included.
+served/exact latency ratio, recall_at_100, candidate_fraction, the tuned probe factor and the faiss index's type
+(IndexIVFFlat above IndexConfig.exact_max items: candidates from its lists). Single queries one after another on one
+thread, the Python of the served path included.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def report(case: str, rec: Recommender, users: list[str], tuned: float | None) -
     r = served_recall(rec, users, 100)
     print(f"case={case} items={rec.state.n_items} users={len(users)} recall_at_100={r.recall:.4f} "
           f"candidate_fraction={r.candidate_fraction:.4f} candidates_per_query={r.candidates_per_query:.0f} "
-          f"probe_factor={rec.probe_factor:g}" + (f" tuned={tuned:.4f}" if tuned is not None else ""), flush=True)
+          f"probe_factor={rec.probe_factor:g} index={type(rec.retriever.index).__name__}"
+          + (f" tuned={tuned:.4f}" if tuned is not None else ""), flush=True)
 
 
 def store_case(root: Path, window: str | None, n_users: int) -> None:
