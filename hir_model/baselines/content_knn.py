@@ -36,6 +36,13 @@ def normalised(content: np.ndarray) -> np.ndarray:
 class ContentKNN:
     def __init__(self, config: ContentKNNConfig = ContentKNNConfig(), name: str = "content"):
         self.config, self.name = config, name
+        self._unit: tuple[np.ndarray, np.ndarray] | None = None  # (content, its unit rows) of the last item space scored
+
+    def unit_rows(self, items: ItemSpace) -> np.ndarray:
+        """(N, d) the item space's content vectors normalised, once per item space (not once per query block)."""
+        if self._unit is None or self._unit[0] is not items.content:
+            self._unit = (items.content, normalised(items.content))
+        return self._unit[1]
 
     def fit(self, train: Interactions, items: ItemSpace) -> None:
         if items.content is None:
@@ -44,7 +51,7 @@ class ContentKNN:
     def score(self, queries: Queries, items: ItemSpace) -> np.ndarray:
         if items.content is None or items.has_content is None:
             raise ValueError(f"{self.name} needs content vectors on the item space it scores")
-        v = normalised(items.content)  # (N, d)
+        v = self.unit_rows(items)  # (N, d)
         ctx = queries.context
         rows = ctx.row_of
         latest = np.zeros(len(queries), np.int64)
