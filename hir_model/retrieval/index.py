@@ -13,14 +13,14 @@ first, each list heaviest first). Coarser levels follow only if the finest is ex
 only the items whose priority is within it of its best one (at least `floor`): IVF's adaptive nprobe. The served path
 (hir_model.rank.recommender) decides what to probe with and how many candidates to take.
 
-Large catalogues. The finest level has as many primitives as the hierarchy was trained with (36 or 128), whatever the
-catalogue's size, so its lists grow with the items: at 215k items one list holds ~18k items, cut to its heaviest 5%
-(10,750), and a budget of 1,600 reads a sixth of the nearest list in weight order, not by closeness to the query
-(served recall@100 0.76 at the synthetic `large` preset). Above `exact_max` items the faiss index is therefore an
-IndexIVFFlat (nlist = ivf_lists_per_sqrt x sqrt(items), spherical k-means on the unit item vectors) and a query vector
-probes it instead: its top-`limit` items by dot product over the nearest lists holding about ivf_scan x limit items
-(nprobe grows with the budget; a few hundred lists and a few thousand items per query, not the catalogue). Its priority
-is the dot product itself. Up to `exact_max`, an IndexFlatIP, and probing reads the BoM postings as above.
+Large catalogues. The finest level has as many primitives as the hierarchy was trained with (128 on MovieLens, 36 on
+the synthetic presets), whatever the catalogue's size, so its lists grow with the items: at 215k items one list holds
+~18k items, cut to its heaviest 5% (10,750), and a budget of 1,600 reads a sixth of the nearest list in weight order,
+not by closeness to the query (served recall@100 0.76 at the synthetic `large` preset). Above `exact_max` items the
+faiss index is therefore an IndexIVFFlat (nlist = ivf_lists_per_sqrt x sqrt(items), spherical k-means on the unit item
+vectors) and a query vector probes it instead: its top-`limit` items by dot product over the nearest lists holding
+about ivf_scan x limit items (nprobe grows with the budget, not with the catalogue). Its priority is the dot product
+itself. Up to `exact_max`, an IndexFlatIP, and probing reads the BoM postings as above.
 """
 
 from __future__ import annotations
