@@ -208,8 +208,8 @@ def _reuse(slots: _Slots, previous: pa.Table, ids: pa.ChunkedArray, hashes: list
     prev_hash = np.asarray(previous.column("content_hash").to_pylist(), object)
     same = known & (prev_hash[j] == np.asarray(hashes, object))  # (N,)
     slots.status[known & ~same] = 1
-    parsed = {v: parse_version(v) for v in set(previous.column("encoder_version").to_pylist())}
     prev_versions = previous.column("encoder_version").to_pylist()
+    parsed = {v: parse_version(v) for v in set(prev_versions)}  # usually one version for every row
     text_dim = previous.schema.field("text_embedding").type.list_size
     image_dim = previous.schema.field("image_embedding").type.list_size
     text_fits, image_fits = text_dim == slots.text.shape[1], tower and image_dim == slots.image.shape[1]
