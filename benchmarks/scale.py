@@ -324,6 +324,9 @@ def main() -> None:
     parser.add_argument("--text-dtype", default="bfloat16", choices=("bfloat16", "float32"),
                         help="MiniLM's dtype in content (default bfloat16, as the demo's Makefile sets HIR_TEXT_DTYPE)")
     parser.add_argument("--workdir", default="", help="keep the scratch folders here (default: a temporary folder, removed)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated stages run alone, on a --workdir where an earlier run published the others "
+                             "(e.g. --skip evaluation first, then --only evaluation to time it again)")
     args = parser.parse_args()
     sizes = ["small/20", "small/2"] if args.quick else args.sizes.split(",")
     skip = {s for s in args.skip.split(",") if s} | ({"content"} if args.quick else set())
@@ -332,6 +335,8 @@ def main() -> None:
         train["steps"] = args.steps or 4
     stand_in = "content" in skip
     stages = tuple(s for s in STAGES if s not in skip | ({"catalog_clip"} if stand_in else set()) or s == "content")
+    if args.only:
+        stages = tuple(s for s in stages if s in args.only.split(","))
     torch.set_num_threads(1)
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hir-scale-"))
     print(fmt({"baseline_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
