@@ -97,12 +97,18 @@ class TableReader:
         self._cache: dict[tuple[str, str, str], pa.Table] = {}
         self.opened: list[tuple[str, str]] = []  # (asset, partition) in read order
 
-    def read(self, asset: str, key: str, name: str, columns: list[str]) -> pa.Table:
+    def read(self, asset: str, key: str, name: str, columns: list[str], keep: bool = True) -> pa.Table:
+        """The table (read once); keep=False: not held for later calls (a table read once per window, e.g. content:
+        549k x 256 floats at large)."""
         k = (asset, key, name)
-        if k not in self._cache:
-            self._cache[k] = self.store.read(asset, key, name, columns=columns)
+        if k in self._cache:
+            return self._cache[k]
+        table = self.store.read(asset, key, name, columns=columns)
+        if (asset, key) not in self.opened or keep:
             self.opened.append((asset, key))
-        return self._cache[k]
+        if keep:
+            self._cache[k] = table
+        return table
 
     def events(self, key: str) -> pa.Table:
         return self.read(EVENTS_ASSET, key, EVENTS_FILE, EVENT_COLUMNS)
@@ -132,18 +138,21 @@ def _within(table: pa.Table, window: Window, before_only: bool = False) -> pa.Ta
 
 
 def _content_rows(table: pa.Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(len(ids), width) float32 the content vectors of `ids` (zeros where missing or null), (len(ids),) has one. Only
+    those rows are unpacked (the table holds every entity: users too)."""
     idx = pd.Index(table.column("entity_id").to_numpy()).get_indexer(ids)
     col = table.column("embedding").combine_chunks()
     valid = col.is_valid().to_numpy(zero_copy_only=False)
     width = len(col[int(np.flatnonzero(valid)[0])]) if valid.any() else 1
-    values = pc.list_flatten(col.filter(pa.array(valid))).to_numpy(zero_copy_only=False).reshape(-1, width)
-    dense = np.zeros((len(col), width), np.float32)
-    dense[valid] = values
-    found = idx >= 0
+    found = np.flatnonzero(idx >= 0)
+    rows = idx[found]
+    filled = valid[rows]
     out = np.zeros((len(ids), width), np.float32)
-    out[found] = dense[idx[found]]
+    if filled.any():
+        values = pc.list_flatten(col.take(pa.array(rows[filled]))).to_numpy(zero_copy_only=False).reshape(-1, width)
+        out[found[filled]] = values
     has = np.zeros(len(ids), bool)
-    has[found] = valid[idx[found]]
+    has[found] = filled
     return out, has
 
 
@@ -155,8 +164,8 @@ def item_content(reader: TableReader, items: ItemSpace, window: Window, next_win
                                               and store.exists(CONTENT_ASSET, next_window.key, CONTENT_FILE))
     if use_asset:
         cols = ["entity_id", "embedding"]
-        known, has_k = _content_rows(reader.read(CONTENT_ASSET, window.key, CONTENT_FILE, cols), items.ids[:n])
-        new, has_n = _content_rows(reader.read(CONTENT_ASSET, next_window.key, CONTENT_FILE, cols), items.ids[n:])
+        known, has_k = _content_rows(reader.read(CONTENT_ASSET, window.key, CONTENT_FILE, cols, keep=False), items.ids[:n])
+        new, has_n = _content_rows(reader.read(CONTENT_ASSET, next_window.key, CONTENT_FILE, cols, keep=False), items.ids[n:])
         if new.shape[1] != known.shape[1] and len(new):
             raise ValueError(f"content widths differ between {window.key} ({known.shape[1]}) and {next_window.key} ({new.shape[1]})")
         return items.with_content(np.vstack([known, new.reshape(-1, known.shape[1])]), np.concatenate([has_k, has_n])), "asset"
