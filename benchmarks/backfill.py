@@ -130,6 +130,16 @@ def launch(url: str, keys: list[str]) -> tuple[str, float]:
             time.sleep(2)
 
 
+def failure_message(instance, run_id: str) -> str:
+    """The first step or run failure's message and error of a run, for the exception that stops the benchmark."""
+    from dagster import DagsterEventType
+
+    for entry in instance.all_logs(run_id, of_type={DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE}):
+        error = getattr(entry.dagster_event.event_specific_data, "error", None)
+        return f"{entry.step_key or 'run'}: {entry.message}" + (f"\n{error.to_string()[-2000:]}" if error else "")
+    return "no failure event logged"
+
+
 def wait_backfill(home: Path, backfill_id: str, expected_runs: int, dev: DagsterDev) -> tuple[list, float]:
     """Poll the instance until the backfill is no longer requested and none of its runs is in flight; the run records
     and the end of the last run. Raises with the failing run's id."""
@@ -147,8 +157,8 @@ def wait_backfill(home: Path, backfill_id: str, expected_runs: int, dev: Dagster
             if failed:
                 run = failed[0]
                 window = run.tags.get("dagster/partition") or run.tags.get("dagster/asset_partition_range_start")
-                raise RuntimeError(f"run {run.run_id} of backfill {backfill_id} (window {window}) ended "
-                                   f"{run.status.value}; `DAGSTER_HOME={home} dagster run logs {run.run_id}` or see {dev.log_path}")
+                raise RuntimeError(f"run {run.run_id} of backfill {backfill_id} (window {window}) ended {run.status.value}: "
+                                   f"{failure_message(instance, run.run_id)}\n(--keep keeps {home} and {dev.log_path})")
             counts: dict[str, int] = {}
             for r in records:
                 counts[r.dagster_run.status.value] = counts.get(r.dagster_run.status.value, 0) + 1
