@@ -71,9 +71,9 @@ def test_bad_input_is_refused():
 def test_thousands_of_users_and_2000_resamples_take_well_under_a_second():
     rng = np.random.default_rng(4)
     a, b = _draws(rng, 5000, 0.01)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: a wall clock fails on a machine busy with other jobs
     paired_bootstrap(a, b, n_boot=2000)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
 
 
 def test_one_methods_band_is_wider_than_the_paired_difference():
