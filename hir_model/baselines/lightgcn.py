@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from hir_model.adapter.fit import torch_threads
 from hir_model.protocol.method import carry_rows, known_columns, may_warm_start, train_matrix
+from hir_model.protocol.metrics import in_sorted
 from hir_model.protocol.split import Interactions, ItemSpace, Queries
 
 
@@ -55,12 +56,6 @@ class LightGCNConfig:
     seed: int = 0
     threads: int = 1  # torch intra-op threads during the fit (0: torch's setting). Its ops are small: on MovieLens on
     # 2 busy cores the 40 warm steps took 25-37 s with torch's 2 threads, 5.5-7.7 s with 1, the same embeddings
-
-
-def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """(n,) bool: each key is in `sorted_keys` (ascending). A binary search: np.isin re-hashes all positives per call."""
-    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    return sorted_keys[pos] == keys
 
 
 def normalised_adjacency(user: np.ndarray, item: np.ndarray, n_users: int, n_items: int) -> sp.csr_matrix:
@@ -183,7 +178,7 @@ class LightGCN:
         """Uniform items that are not the user's positives (collisions redrawn a few times)."""
         j = rng.integers(n_items, size=len(u))
         for _ in range(3):
-            bad = _contains(positives, u * n_items + j)
+            bad = in_sorted(positives, u * n_items + j)
             if not bad.any():
                 break
             j[bad] = rng.integers(n_items, size=int(bad.sum()))

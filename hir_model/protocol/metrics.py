@@ -175,15 +175,20 @@ def _best_in_tie_order(s: np.ndarray, k: int, tie_order: np.ndarray | None) -> n
     return order[best]
 
 
+def in_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """(keys.shape) bool: each key is in `sorted_keys` (ascending). A binary search: np.isin hashes or sorts the
+    reference again on every call, a cost that grows with it (per query, per training step)."""
+    if len(sorted_keys) == 0:
+        return np.zeros(np.shape(keys), bool)
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return sorted_keys[pos] == keys
+
+
 def _member(rag: Ragged, lo: int, hi: int, n_cols: int, cols: np.ndarray) -> np.ndarray:
     """(hi - lo, m) bool: cols[r - lo, j] is in row r of `rag` (rows lo..hi), without a dense (rows, n_cols) mask."""
     a, b = rag.ptr[lo], rag.ptr[hi]
     keys = np.sort(np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(rag.ptr[lo:hi + 1])) * n_cols + rag.idx[a:b])
-    if len(keys) == 0:
-        return np.zeros(cols.shape, bool)
-    asked = np.arange(hi - lo, dtype=np.int64)[:, None] * n_cols + cols
-    pos = np.minimum(np.searchsorted(keys, asked), len(keys) - 1)
-    return keys[pos] == asked
+    return in_sorted(keys, np.arange(hi - lo, dtype=np.int64)[:, None] * n_cols + cols)
 
 
 def ranking_metrics(scores: np.ndarray, targets: Ragged, exclude: Ragged | None = None,

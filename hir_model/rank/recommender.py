@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hir_model.protocol.metrics import Ragged
+from hir_model.protocol.metrics import Ragged, in_sorted
 from hir_model.protocol.split import ItemSpace, Queries, warm_queries
 from hir_model.rank.head import HeadConfig, head_scores, kernel_items, warm_query
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head
@@ -197,7 +197,7 @@ class Recommender:
             budget = min(math.ceil(factor * max(k, self.budget_k)), self.state.n_items)
 
             def fresh(rows: np.ndarray, n: int) -> np.ndarray:
-                return rows[_absent(rows, skip)][:n]
+                return rows[~in_sorted(skip, rows)][:n]  # np.isin's table grows with the catalogue
 
             parts = [fresh(self.retriever.probe_vector(vectors[q], budget + len(skip), floor=k + len(skip))[0], max(budget, k))]
             per_item = math.ceil(budget / KERNEL_PROBES)
@@ -223,7 +223,7 @@ class Recommender:
                 rows = cands[q]
                 s = self.scores(_one(batch, q), rows)[0]
             if not include_seen:
-                keep = _absent(rows, np.unique(seen.row(q)))
+                keep = ~in_sorted(np.unique(seen.row(q)), rows)
                 rows, s = rows[keep], s[keep]
             order = np.lexsort((rows, -s))[:k]
             out.append((rows[order], s[order]))
@@ -251,15 +251,6 @@ def _stamps(events: list[ContextEvent], end_us: int) -> np.ndarray:
     n = len(events)
     return np.array([e.ts_us if e.ts_us is not None else end_us - (n - i) * US_PER_SECOND for i, e in enumerate(events)],
                     np.int64)
-
-
-def _absent(rows: np.ndarray, skip: np.ndarray) -> np.ndarray:
-    """(len(rows),) bool: the row is not in `skip` (sorted ascending). A binary search: np.isin of item rows builds a
-    table as long as the largest row, a cost per query that grows with the catalogue."""
-    if len(skip) == 0:
-        return np.ones(len(rows), bool)
-    pos = np.minimum(np.searchsorted(skip, rows), len(skip) - 1)
-    return skip[pos] != rows
 
 
 def _one(batch: Batch, q: int) -> Batch:

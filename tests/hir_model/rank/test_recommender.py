@@ -158,10 +158,10 @@ def test_more_candidates_reach_more_of_the_exact_ranking_and_tuning_takes_the_sm
 
 
 def test_absent_is_the_complement_of_membership_in_the_sorted_skip_list():
-    from hir_model.rank.recommender import _absent
+    from hir_model.protocol.metrics import in_sorted
 
     rng = np.random.default_rng(3)
     for n_skip in (0, 1, 7, 300):
         skip = np.unique(rng.integers(0, 500, n_skip))
         rows = rng.integers(0, 520, 200)
-        assert _absent(rows, skip).tolist() == (~np.isin(rows, skip)).tolist()
+        assert (~in_sorted(skip, rows)).tolist() == (~np.isin(rows, skip)).tolist()
