@@ -282,11 +282,7 @@ class Retriever:
             return np.zeros(0, np.int64), np.zeros(0)
         cand = np.concatenate(seen)
         order = np.lexsort((np.arange(len(cand)), -best[cand]))[:limit]
-        rows, prio = cand[order], best[cand[order]]
-        if margin is not None:
-            keep = max(int(np.searchsorted(-prio, margin - prio[0], side="right")), floor)  # prio >= prio[0] - margin
-            rows, prio = rows[:keep], prio[:keep]
-        return rows, prio
+        return _within_margin(cand[order], best[cand[order]], margin, floor)
 
     def _ivf_probe(self, q: np.ndarray, limit: int, margin: float | None, floor: int) -> tuple[np.ndarray, np.ndarray]:
         """probe_vector over an IVF index: the top `limit` items by dot product over the nearest lists holding about
@@ -303,11 +299,7 @@ class Retriever:
                 break
             nprobe = min(nlist, 2 * nprobe)
         ok = rows[0] >= 0
-        rows, prio = rows[0][ok].astype(np.int64), scores[0][ok].astype(np.float64)
-        if margin is not None and len(rows):
-            keep = max(int(np.searchsorted(-prio, margin - prio[0], side="right")), min(floor, n))
-            rows, prio = rows[:keep], prio[:keep]
-        return rows, prio
+        return _within_margin(rows[0][ok].astype(np.int64), scores[0][ok].astype(np.float64), margin, floor)
 
     def _top(self, rows: np.ndarray, scores: np.ndarray, k: int, exclude: str | None) -> list[Hit]:
         keep = self.item_ids[rows] != exclude if exclude is not None else np.ones(len(rows), bool)
@@ -331,3 +323,11 @@ class Retriever:
     def similar(self, entity: str, k: int = 20, exact: bool = False) -> list[Hit]:
         """Items like `entity` (itself excluded)."""
         return self.retrieve(entity, k, exact, exclude_self=True)
+
+
+def _within_margin(rows: np.ndarray, prio: np.ndarray, margin: float | None, floor: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (best priority first) whose priority is within `margin` of the best, at least `floor` of them (None: all)."""
+    if margin is None or not len(rows):
+        return rows, prio
+    keep = max(int(np.searchsorted(-prio, margin - prio[0], side="right")), floor)  # prio >= prio[0] - margin
+    return rows[:keep], prio[:keep]
