@@ -208,15 +208,16 @@ def _reuse(slots: _Slots, previous: pa.Table, ids: pa.ChunkedArray, hashes: list
     prev_hash = np.asarray(previous.column("content_hash").to_pylist(), object)
     same = known & (prev_hash[j] == np.asarray(hashes, object))  # (N,)
     slots.status[known & ~same] = 1
-    prev_versions = previous.column("encoder_version").to_pylist()
-    parsed = {v: parse_version(v) for v in set(prev_versions)}  # usually one version for every row
+    versions_of = pc.dictionary_encode(previous.column("encoder_version").combine_chunks())  # usually one for every row
+    code = versions_of.indices.to_numpy(zero_copy_only=False)
+    parsed = [parse_version(v) for v in versions_of.dictionary.to_pylist()]
     text_dim = previous.schema.field("text_embedding").type.list_size
     image_dim = previous.schema.field("image_embedding").type.list_size
     text_fits, image_fits = text_dim == slots.text.shape[1], tower and image_dim == slots.image.shape[1]
     reusable = same[slots.rows]  # (C,)
     at = j[slots.rows]  # (C,) previous row of each content row
-    same_text = np.array([parsed[prev_versions[k]].get("text") == versions["text"] for k in at], bool).reshape(-1)
-    same_image = np.array([parsed[prev_versions[k]].get("image") == versions["image"] for k in at], bool).reshape(-1)
+    same_text = np.array([p.get("text") == versions["text"] for p in parsed], bool)[code[at]]  # (C,)
+    same_image = np.array([p.get("image") == versions["image"] for p in parsed], bool)[code[at]]
     take = np.flatnonzero(reusable & same_text & slots.need_text) if text_fits else np.zeros(0, np.int64)
     if len(take):
         vec, ok = _take_matrix(previous.column("text_embedding"), at[take])
@@ -236,9 +237,8 @@ def _scatter(n: int, rows: np.ndarray, mat: np.ndarray, ok: np.ndarray) -> pa.Ar
     if mat.shape[1] == 0:  # no image tower: a zero-width column, all null
         return pa.nulls(n, pa.list_(pa.float32(), 0))
     full = np.zeros((n, mat.shape[1]), np.float32)  # (N, D): zeros hidden behind the null bitmap; Arrow wraps it, no copy
-    valid = np.zeros(n, bool)
-    full[rows[ok]], valid[rows[ok]] = mat[ok], True
-    return pa.FixedSizeListArray.from_arrays(pa.array(full.reshape(-1)), mat.shape[1], mask=pa.array(~valid))
+    full[rows[ok]] = mat[ok]
+    return pa.FixedSizeListArray.from_arrays(pa.array(full.reshape(-1)), mat.shape[1], mask=pa.array(~_spread(n, rows, ok)))
 
 
 def embed_catalog(catalog: pa.Table, encoders: Encoders, previous: pa.Table | None = None,
