@@ -143,3 +143,21 @@ def comparison_markdown(rows: Sequence[Comparison], level: float = BootstrapConf
                      f"{r.windows} | {_users(r.n_users)} | {r.method_value:.4f} | {r.reference_value:.4f} | {r.diff:+.4f} | "
                      f"{r.low:+.4f}..{r.high:+.4f} | {r.verdict} |")
     return "\n".join(lines)
+
+
+SAVED = "@saved"  # suffix of a saved run's methods in compare_runs' rows
+
+
+def compare_runs(current: Sequence | pa.Table | pd.DataFrame, saved: Sequence | pa.Table | pd.DataFrame,
+                 methods: Sequence[str] | None = None, users: str = "warm", items: str = "known",
+                 target: str = "deep_funnel", metric: str = "recall@20", last: int | None = 4,
+                 config: BootstrapConfig = BootstrapConfig()) -> list[Comparison]:
+    """Each method of `current` against the same method of `saved` (another run: other settings, same windows),
+    paired over the users both judged, pooled over all windows and the last `last` (rows named `<method>` vs
+    `<method>@saved`). `methods`: those present in both runs unless given."""
+    now, before = user_values(current), user_values(saved)
+    common = [m for m in dict.fromkeys(now.method) if m in set(before.method)]
+    chosen = [m for m in (methods if methods is not None else common) if m in common]
+    frame = pd.concat([now, before.assign(method=before.method + SAVED)], ignore_index=True)
+    return compare(frame, reference="", methods=[], pairs=[(m, m + SAVED) for m in chosen], users=users, items=items,
+                   target=target, metric=metric, last=last, per_window=False, config=config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hir_model.eval.compare import BootstrapConfig, compare, comparison_markdown, user_values
+from hir_model.eval.compare import BootstrapConfig, compare, compare_runs, comparison_markdown, user_values
 from hir_model.eval.run import WindowEvaluation, WindowSkipped
 from hir_model.eval.scoring import SliceResult
 from hir_model.protocol.metrics import RankingMetrics
@@ -65,6 +65,23 @@ def test_pairs_and_method_subsets_and_behind():
                    config=BootstrapConfig(n_boot=300))
     assert [(r.method, r.reference, r.scope) for r in rows] == [("ref", "better", "all"), ("same", "noisy", "all")]
     assert rows[0].verdict == "behind" and rows[0].high < 0
+
+
+def test_a_run_against_a_saved_run_pairs_each_method_over_the_users_both_judged():
+    current = _evaluations()
+    saved = user_values(current)
+    saved = saved[saved.method != "noisy"]  # a method the saved run did not have: not compared
+    lower = saved.method == "ref"
+    saved.loc[lower, "value"] -= 0.2  # the saved run's ref was worse for everyone
+    kept = saved[(saved.method != "same") | (saved.user_id.str[1:].astype(int) % 2 == 0)]  # half of same's users
+    rows = compare_runs(current, kept, last=2, config=BootstrapConfig(n_boot=300))
+    got = {(r.method, r.scope): r for r in rows}
+    assert {m for m, _ in got} == {"ref", "better", "same", "early"} and all(r.reference == r.method + "@saved" for r in rows)
+    assert got["ref", "all"].verdict == "lead" and got["ref", "all"].diff == pytest.approx(0.2)
+    same = got["same", "all"]
+    full = _row(compare(current, "ref", per_window=False, last=None), "same", "all")
+    assert same.verdict == "tie" and same.diff == 0.0 and sum(same.n_users) < sum(full.n_users) / 2 + 200
+    assert compare_runs(current, kept, methods=["better"], last=None)[0].method == "better"
 
 
 def test_the_published_table_gives_the_same_rows_as_the_evaluations():
