@@ -43,6 +43,10 @@ decimal: IDF over window t's catalogue instead of the items known by end(t)). Th
     python benchmarks/quality.py --quick --cases movielens --cold-structure-weight 0   # cold users by the encoder alone
     python benchmarks/quality.py --quick --cases movielens --skip-last 4   # the 8 MovieLens windows before the last 4
                                             # evaluated ones: for choices that must not be made on the reported windows
+    python benchmarks/quality.py --quick --cases movielens --skip-last 4 --save-users /tmp/a.parquet
+    python benchmarks/quality.py --quick --cases movielens --skip-last 4 --set steps=24 --against /tmp/a.parquet
+                                            # a setting against the run saved before it, paired over users (each
+                                            # method: the difference pooled over all windows and the last 4, its CI)
 
 `--store` reads a store the pipeline materialised (the demo's: HIR's entity_embeddings, hir_encoder, graph and
 content of every window), evaluates every window with a successor exactly as the `window_evaluation` asset does
@@ -81,7 +85,8 @@ from hir_model.data.source import Source  # noqa: E402
 from hir_model.data.tables import CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, build_catalog, build_events  # noqa: E402
 from hir_model.data.windows import WindowSpec  # noqa: E402
 from hir_model.baselines.registry import baselines  # noqa: E402
-from hir_model.eval.compare import compare  # noqa: E402
+from hir_model.embed import EmbedConfig  # noqa: E402
+from hir_model.eval.compare import compare, compare_runs, user_values  # noqa: E402
 from hir_model.rank.head import HeadConfig  # noqa: E402
 from hir_model.eval.pages import write_report  # noqa: E402
 from hir_model.eval.report import evaluated, summary  # noqa: E402
@@ -105,6 +110,17 @@ def materialise(source: Source, store: PartitionStore) -> WindowSpec:
     return spec
 
 
+def hir_embed_config(source: str, users: str | None = None):
+    """entity_embeddings' EmbedConfig for `source`: hir.toml's [embed] and [embed.<source>] (what the asset gets), then
+    `users` over them when given."""
+    from hir_assets.hierarchy import EntityEmbeddingsRun
+    from hir_model.config import load_config
+    from hir_model.embed import embed_defaults
+
+    base = embed_defaults(load_config(env={**os.environ, "HIR_SOURCE": source}).embed)
+    return EntityEmbeddingsRun(users=users).embed_config(base)
+
+
 def hir_train_overrides(source: str, overrides: list[str] = ()) -> dict:
     """hir_encoder's TrainConfig overrides for `source`: hir.toml's [train] and [train.<source>] (what the asset passes
     the entry point), then `overrides` (`field=value`, JSON values) over them, as if [train.<source>] held them."""
@@ -115,12 +131,13 @@ def hir_train_overrides(source: str, overrides: list[str] = ()) -> dict:
 
 
 def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], overrides: dict, scratch: Path,
-                head: HeadConfig = HeadConfig()) -> dict:
+                head: HeadConfig = HeadConfig(), embed=None) -> dict:
     """Publish HIR's artefacts of every window up to the last of `keys` with a successor, through the functions the
     assets call: content_embeddings (the stand-in; every window, t+1's new items read it), engagement_graph (every
     window: graph(t) grows from graph(t-1)), hir_encoder (from the first of `keys` on: fresh there, then warm-started
     from t-1; `overrides`: TrainConfig fields, as hir.toml's [train]), entity_embeddings, interest_hierarchy,
-    ranking_head (with `head`) and bom_index. Returns seconds per stage and the training summary."""
+    ranking_head (with `head`) and bom_index; `embed`: entity_embeddings' EmbedConfig (None: the asset's default under an
+    empty run config). Returns seconds per stage and the training summary."""
     from hir_assets.hierarchy import EntityEmbeddingsRun, InterestHierarchyRun, publish_embeddings, publish_hierarchy
     from hir_assets.index import BomIndexRun, publish_head, publish_index
     from hir_assets.training import HirEncoderRun, commit_checkpoint, entry_args, previous_checkpoint
@@ -130,8 +147,8 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], overri
     from hir_model.train import entry
     from hir_model.train.checkpoint import CHECKPOINT_FILE
 
-    embed, hierarchy, index = (EntityEmbeddingsRun().embed_config(), InterestHierarchyRun().hierarchy_config(),
-                               BomIndexRun().index_config())  # the assets' configs under an empty run config
+    embed = embed or EntityEmbeddingsRun().embed_config()
+    hierarchy, index = InterestHierarchyRun().hierarchy_config(), BomIndexRun().index_config()  # under an empty run config
     needed = [k for k in keys if spec.next(spec.window(k)) is not None]
     first, upto = min(keys, default=""), max(needed, default="")
     seconds = {"content": 0.0, "graph": 0.0, "train": 0.0, "embed": 0.0, "index": 0.0}
@@ -195,9 +212,9 @@ def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None
 
 
 def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int | None = None, last: int = 4,
-             hir=None, head: HeadConfig = HeadConfig(), skip_last: int = 0) -> list:
-    """`hir` (TrainConfig overrides): publish HIR's artefacts trained with them (`publish_hir`) and evaluate as
-    `window_evaluation` does, HIR among the methods; None: the baselines only. `skip_last`: the last that many windows with a successor are
+             hir=None, head: HeadConfig = HeadConfig(), skip_last: int = 0, embed=None) -> list:
+    """`hir` (TrainConfig overrides): publish HIR's artefacts trained with them (`publish_hir`, embedded with `embed`)
+    and evaluate as `window_evaluation` does, HIR among the methods; None: the baselines only. `skip_last`: the last that many windows with a successor are
     left out (neither trained on nor evaluated; the first of them only serves as the successor of the last evaluated)."""
     store = PartitionStore(workdir / name)
     t0 = time.perf_counter()
@@ -211,11 +228,11 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
         keys = keys[-(windows + 1):] if windows else keys  # + 1: the last window is skipped (no successor)
     if hir is not None:
         t0 = time.perf_counter()
-        built = publish_hir(store, spec, keys, hir, workdir / f"{name}-hir-scratch", head)
+        built = publish_hir(store, spec, keys, hir, workdir / f"{name}-hir-scratch", head, embed)
         s, cfg = built["seconds"], with_overrides(TrainConfig(), hir)
         print(f"case={name} hir_build_s={time.perf_counter() - t0:.1f} hir_content_s={s['content']:.1f} hir_graph_s={s['graph']:.1f} "
               f"hir_train_s={s['train']:.1f} hir_embed_s={s['embed']:.1f} hir_index_s={s['index']:.1f} windows_trained={built['windows_trained']} "
-              f"steps_per_window={cfg.budget.steps} levels={','.join(map(str, cfg.prototypes.levels))} last_loss={built['last_loss']:.3f} "
+              f"steps_per_window={cfg.budget.steps} users_view={(embed or EmbedConfig()).users} levels={','.join(map(str, cfg.prototypes.levels))} last_loss={built['last_loss']:.3f} "
               f"min_usage_entropy={built['min_usage_entropy']:.3f}", flush=True)
         t0 = time.perf_counter()
         unevaluated = {}
@@ -272,6 +289,26 @@ def comparisons(name: str, results: list, last: int = 4) -> None:
                   f"{r.method}={r.method_value:.4f} {r.reference}={r.reference_value:.4f} diff={r.diff:+.4f} "
                   f"ci95={r.low:+.4f}..{r.high:+.4f} verdict={r.verdict} windows={r.windows} "
                   f"users_per_window={users_per_window:.1f}", flush=True)
+
+
+def save_and_compare(name: str, results: list, save: Path | None, against: Path | None, last: int = 4) -> None:
+    """Write the run's per-user values to `save` (parquet); compare every method with the same method of the run saved
+    in `against` (paired over the users both judged: `compare_runs`), warm and cold deep-funnel Recall@20 on known items."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if save is not None:
+        save.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pandas(user_values(results), preserve_index=False), save)
+        print(f"case={name} saved_users={save}", flush=True)
+    if against is None:
+        return
+    saved = pq.read_table(against)
+    for users in ("warm", "cold"):
+        for r in compare_runs(results, saved, users=users, last=last):
+            print(f"case={name} against={against.name} method={r.method} users={users} scope={r.scope} "
+                  f"now={r.method_value:.4f} saved={r.reference_value:.4f} diff={r.diff:+.4f} ci95={r.low:+.4f}..{r.high:+.4f} "
+                  f"verdict={r.verdict} windows={r.windows}", flush=True)
 
 
 def movielens_last(results: list, last: int = 4) -> None:
@@ -337,6 +374,12 @@ def main() -> None:
     parser.add_argument("--no-hir", action="store_true", help="the baselines only (no HIR training, embedding, column)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a TrainConfig field of HIR's training (JSON value) over hir.toml's, e.g. --set steps=20")
+    parser.add_argument("--users-view", choices=("broad", "narrow"),
+                        help="warm users' embedding view over hir.toml's [embed] users (EmbedConfig.users)")
+    parser.add_argument("--save-users", type=Path, metavar="FILE",
+                        help="write the MovieLens case's per-user values (parquet), for a later --against")
+    parser.add_argument("--against", type=Path, metavar="FILE",
+                        help="compare each method with the same method of a run saved with --save-users, paired over users")
     parser.add_argument("--skip-last", type=int, default=0, metavar="N",
                         help="leave the last N evaluated windows out (MovieLens), so choices are made on earlier windows")
     # the ranking head's fields (RankingHeadRun, so unset ones keep HeadConfig's defaults; 0 days: off)
@@ -370,7 +413,8 @@ def main() -> None:
 
             for size in ((20_000, 80_000) if args.quick else (100_000, 400_000)):
                 source = SyntheticSource(replace(SyntheticConfig(), events_per_window=size), workdir / f"synthetic-{size}")
-                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir, head=head)
+                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir, head=head,
+                         embed=hir_embed_config("synthetic", args.users_view))
         if "movielens" in cases:
             from hir_model.data.movielens import MovieLensSource
 
@@ -379,8 +423,9 @@ def main() -> None:
             t0 = time.perf_counter()
             hir_ml = None if args.no_hir else hir_train_overrides("movielens", args.set)
             results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml,
-                               head=head, skip_last=args.skip_last)
+                               head=head, skip_last=args.skip_last, embed=hir_embed_config("movielens", args.users_view))
             movielens_last(results)
+            save_and_compare("movielens", results, args.save_users, args.against)
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)
 
 

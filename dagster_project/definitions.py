@@ -47,7 +47,7 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
         raise FileNotFoundError(f"the {config.source} source has no data yet ({exc}); run `make data` (or `hir prepare`) first") from exc
     partitions = window_partitions(spec)
     assets = (build_ingest_assets(partitions) + build_enrichment_assets(partitions) + build_graph_assets(partitions)
-              + build_training_assets(partitions, dict(config.train)) + build_hierarchy_assets(partitions)
+              + build_training_assets(partitions, dict(config.train)) + build_hierarchy_assets(partitions, dict(config.embed))
               + build_index_assets(partitions) + build_evaluation_assets(partitions) + build_adapter_assets(partitions)
               + build_report_assets(partitions, report_settings(config)))
     assets = dg.map_asset_specs(lambda spec: owned(spec, config.source), assets)

@@ -12,7 +12,7 @@ from hir_assets.partitions import window_of
 from hir_assets.resources import PartitionStorage
 from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET
-from hir_model.embed import EMBEDDINGS_ASSET, EMBEDDINGS_FILE, EmbedConfig, embeddings_table
+from hir_model.embed import EMBEDDINGS_ASSET, EMBEDDINGS_FILE, EmbedConfig, embed_defaults, embeddings_table
 from hir_model.data.windows import Window
 from hir_model.embed.entity_embeddings import EmbeddingsBuild, embed_window, unit_norm_error
 from hir_model.graph.window import GRAPH_ASSET, to_us
@@ -32,8 +32,10 @@ class EntityEmbeddingsRun(Overrides):
     """Overrides of EmbedConfig (hir_model.embed)."""
 
     batch_size: Optional[int] = None  # seeds per forward pass (in the checkpoint's teacher view)
+    users: Optional[str] = None  # warm users' view: "broad" (the teacher's) or "narrow" (the student's); hir.toml [embed]
 
     def embed_config(self, base: EmbedConfig = EmbedConfig()) -> EmbedConfig:
+        """`base` (hir.toml's [embed] over EmbedConfig's defaults) with the fields this run sets."""
         return self.apply(base)
 
 
@@ -79,7 +81,10 @@ def publish_hierarchy(store, window: Window, config: HierarchyConfig) -> tuple[H
     return h, prev_key
 
 
-def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
+def build_hierarchy_assets(partitions: dg.PartitionsDefinition, embed_overrides: dict | None = None) -> list[dg.AssetsDefinition]:
+    """`embed_overrides`: EmbedConfig fields from hir.toml's [embed] (and [embed.<source>]); the run config's win."""
+    embed_base = embed_defaults(embed_overrides)  # a bad field fails when the definitions load, naming it
+
     @dg.asset(name=EMBEDDINGS_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch", "parquet"},
               backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[ENCODER_ASSET, GRAPH_ASSET, CONTENT_ASSET, CATALOG_ASSET], check_specs=[
                   dg.AssetCheckSpec(FINITE_UNIT_CHECK, asset=EMBEDDINGS_ASSET, blocking=True,
@@ -91,7 +96,7 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asset
                           storage: PartitionStorage) -> dg.MaterializeResult:
         """Every user, product, advertiser and campaign in one metric space; cold-start ones from content and type alone."""
         window, store = window_of(context), storage.store()
-        build = publish_embeddings(store, window, config.embed_config())
+        build = publish_embeddings(store, window, config.embed_config(embed_base))
         emb = build.embeddings
         bad, norm_err = unit_norm_error(emb)
         types, counts = np.unique(emb.entity_type.astype(str), return_counts=True)
@@ -108,7 +113,9 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asset
             "dagster/row_count": len(emb), "by_type": {t: int(c) for t, c in zip(types, counts)},
             "cold_start": int(emb.cold_start.sum()), "no_engagement_edge": build.no_engagement,
             "width": int(emb.vectors.shape[1]), "model_version": build.model_version, "seconds": round(emb.seconds, 2),
-            "view": f"{build.view.name} fanout={list(build.view.fanout)}",
+            "view": f"{build.view.name} fanout={list(build.view.fanout)}" + (
+                f"; users: {build.user_view.name} fanout={list(build.user_view.fanout)} max_age_days={build.user_view.max_age_days}"
+                if build.user_view else ""),
             "entities_per_s": round(len(emb) / max(emb.seconds, 1e-9), 1),
             "path": dg.MetadataValue.path(store.uri(EMBEDDINGS_ASSET, window.key))})
 

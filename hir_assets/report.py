@@ -26,6 +26,8 @@ def report_settings(config: HIRConfig) -> dict[str, str]:
         settings["synthetic"] = json.dumps(dict(config.synthetic), default=str, sort_keys=True)
     if config.train:
         settings["training (hir.toml)"] = json.dumps(dict(config.train), default=str, sort_keys=True)
+    if config.embed:
+        settings["embedding (hir.toml)"] = json.dumps(dict(config.embed), default=str, sort_keys=True)
     return settings
 
 

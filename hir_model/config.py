@@ -36,6 +36,7 @@ class HIRConfig:
     parquet_path: str = ""  # the bring-your-own folder
     train: Mapping[str, Any] = field(default_factory=dict)  # TrainConfig overrides ([train], then [train.<source>])
     train_shared: Mapping[str, Any] = field(default_factory=dict)  # [train] alone, without any source's sub-table
+    embed: Mapping[str, Any] = field(default_factory=dict)  # EmbedConfig fields ([embed], then [embed.<source>])
     config_file: Path | None = None  # where this came from, for messages
 
     def __post_init__(self) -> None:
@@ -126,14 +127,16 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         data_dir=Path(local(env.get("HIR_DATA_DIR") or raw.get("data_dir", "data"))),
         synthetic=synthetic,
         parquet_path=local(p) if (p := env.get("HIR_PARQUET_PATH") or raw.get("parquet", {}).get("path", "")) else "",
-        train=_train_overrides(raw.get("train", {}), source),
-        train_shared=_train_overrides(raw.get("train", {}), ""),
+        train=_source_overrides(raw.get("train", {}), source),
+        train_shared=_source_overrides(raw.get("train", {}), ""),
+        embed=_source_overrides(raw.get("embed", {}), source),
         config_file=path if path.exists() else None,
     )
 
 
-def _train_overrides(table: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """[train] keys, then the [train.<source>] sub-table's keys over them (other sources' sub-tables dropped)."""
+def _source_overrides(table: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A table's keys ([train], [embed]), then its <source> sub-table's keys over them (other sources' sub-tables
+    dropped)."""
     out = {k: v for k, v in table.items() if k not in SOURCES}
     out.update(table.get(source, {}))
     return out

@@ -2,7 +2,9 @@
 
 Warm entities (at least one edge of any type at the cutoff: an engagement, a parent, a relation) are embedded from their
 sampled neighbourhood in the view the checkpoint's teacher was trained on (`trained_view`: the prototypes were fitted on
-it; a larger view costs more and shifts the embeddings away from them). Cold-start entities (no edge yet) are embedded from a
+it; a larger view costs more and shifts the embeddings away from them). Warm users may instead be embedded on the
+student's view (`EmbedConfig.users = "narrow"`, without its edge drop): the engagement term trains a user's vector on
+that view against its entities' (MovieLens's setting, hir.toml [embed.movielens]: docs/decisions.md). Cold-start entities (no edge yet) are embedded from a
 single-token sequence: their own token only, i.e. content vector + type (+ the id's deep-hash code, which for an id the
 model never trained on is just a fixed offset), and flagged `cold_start`. Inference runs under `torch.inference_mode` with
 the encoder's automatic backend choice.
@@ -11,7 +13,7 @@ the encoder's automatic backend choice.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +25,7 @@ from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import NODE_TYPES, SELF_EDGE, SampledBatch
 from hir_model.nn import collate
 from hir_model.train.checkpoint import TrainedModel
-from hir_model.train.config import TRAIN_BROAD
+from hir_model.train.config import TRAIN_BROAD, TRAIN_NARROW
 
 EMBEDDED_TYPES = ("user", "product", "advertiser", "campaign")
 EMBEDDINGS_ASSET, EMBEDDINGS_FILE = "entity_embeddings", "embeddings"  # the asset and its published table
@@ -39,26 +41,51 @@ def embeddings_schema(dim: int) -> pa.Schema:
     ])
 
 
+USER_VIEWS = ("broad", "narrow")  # EmbedConfig.users: the views warm users can be embedded on
 DEFAULT_VIEW = TRAIN_BROAD  # for checkpoints without a train_config: TrainConfig's default teacher view, <= 105 tokens
 
 
-def trained_view(extra: dict) -> ViewConfig:
-    """The teacher's view a checkpoint was trained with: its `extra["train_config"]["broad"]` (a ViewConfig as a dict);
-    DEFAULT_VIEW when the checkpoint carries no train_config (e.g. one written by `save_checkpoint` alone)."""
-    broad = (extra or {}).get("train_config", {}).get("broad")
-    if not broad:
-        return DEFAULT_VIEW
-    return ViewConfig(**{**broad, "fanout": tuple(broad["fanout"])})
+def trained_view(extra: dict, which: str = "broad") -> ViewConfig:
+    """The view (`which`: "broad", the teacher's, or "narrow", the student's) a checkpoint was trained with: its
+    `extra["train_config"][which]` (a ViewConfig as a dict); TrainConfig's default when the checkpoint carries no
+    train_config (e.g. one written by `save_checkpoint` alone)."""
+    if which not in USER_VIEWS:
+        raise ValueError(f"a checkpoint's view is one of {USER_VIEWS}, got {which!r}")
+    got = (extra or {}).get("train_config", {}).get(which)
+    if not got:
+        return DEFAULT_VIEW if which == "broad" else TRAIN_NARROW
+    return ViewConfig(**{**got, "fanout": tuple(got["fanout"])})
+
+
+def user_view(extra: dict) -> ViewConfig:
+    """The student's view of a checkpoint as warm users are embedded on it (`users = "narrow"`): every edge of that
+    view's horizon kept (its edge drop is training noise)."""
+    return replace(trained_view(extra, "narrow"), edge_drop=0.0)
 
 
 @dataclass(frozen=True)
 class EmbedConfig:
     view: ViewConfig | None = None  # warm entities' neighbourhood view; None: the checkpoint's (embed_window), else DEFAULT_VIEW
+    users: str = "broad"  # warm users' view: "broad" (`view`, as every entity) or "narrow" (the checkpoint's student view)
+    user_view: ViewConfig | None = None  # with users = "narrow": that view (embed_window resolves it; None: `view`)
     batch_size: int = 256  # seeds per forward; the default view has up to 1 + 8 + 32 + 64 tokens per seed
     cold_batch_size: int = 4096  # single-token sequences per forward
     sort_chunk: int = 4096  # seeds sampled at once, then batched by sequence length (bounds the sampled tokens in memory)
     seed: int = 0  # the sampler's rng: the same inputs give the same embeddings
     entity_types: tuple[str, ...] = EMBEDDED_TYPES
+
+    def __post_init__(self) -> None:
+        if self.users not in USER_VIEWS:
+            raise ValueError(f"EmbedConfig.users must be one of {USER_VIEWS}, got {self.users!r}")
+
+
+def embed_defaults(overrides: dict | None = None) -> EmbedConfig:
+    """EmbedConfig with hir.toml's [embed] / [embed.<source>] fields over its defaults (HIRConfig.embed)."""
+    own = {f.name for f in fields(EmbedConfig)} - {"view", "user_view"}
+    bad = sorted(set(overrides or {}) - own)
+    if bad:
+        raise ValueError(f"hir.toml [embed]: unknown fields {bad}; EmbedConfig has {sorted(own)}")
+    return EmbedConfig(**dict(overrides or {}))
 
 
 @dataclass(frozen=True)
@@ -172,11 +199,16 @@ def embed_entities(model: TrainedModel, graph: Graph, cutoff_us: int, content: p
     nodes = np.nonzero(wanted & (np.asarray(graph.nodes.first_seen_us) < cutoff_us))[0].astype(np.int64)
     cold = visible_degree(graph, cutoff_us)[nodes] == 0
     lookup = _content_lookup(graph, content, model.encoder.cfg.content_dim)
-    warm_rows, cold_rows = np.nonzero(~cold)[0], np.nonzero(cold)[0]
     vectors = np.zeros((len(nodes), model.encoder.cfg.width), np.float32)
-    warm = length_sorted_batches(graph, nodes[warm_rows], cutoff_us, config.view or DEFAULT_VIEW, config,
-                                 np.random.default_rng(config.seed))
-    _encode(model, ((warm_rows[pos], b) for pos, b in warm), lookup, vectors, graph)
+    view = config.view or DEFAULT_VIEW
+    users = config.user_view if config.users == "narrow" and config.user_view is not None else view
+    is_user = types[nodes] == NODE_TYPES.index("user")
+    groups = [(~cold, view)] if users == view else [(~cold & ~is_user, view), (~cold & is_user, users)]
+    for mask, seen in groups:  # warm entities, one sampler pass per view
+        rows = np.nonzero(mask)[0]
+        warm = length_sorted_batches(graph, nodes[rows], cutoff_us, seen, config, np.random.default_rng(config.seed))
+        _encode(model, ((rows[pos], b) for pos, b in warm), lookup, vectors, graph)
+    cold_rows = np.nonzero(cold)[0]
     chunks = [cold_rows[i:i + config.cold_batch_size] for i in range(0, len(cold_rows), config.cold_batch_size)]
     _encode(model, ((rows, single_token_batch(graph, nodes[rows], cutoff_us)) for rows in chunks), lookup, vectors)
     ids = np.asarray(graph.nodes.entity_id.take(pa.array(nodes)).to_numpy(zero_copy_only=False), object)

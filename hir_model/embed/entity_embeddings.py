@@ -10,7 +10,7 @@ import numpy as np
 from hir_model.content.vectors import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE
 from hir_model.embed.entities import (EMBEDDINGS_ASSET, EMBEDDINGS_FILE, EmbedConfig, EntityEmbeddings, embed_entities,
-                                      read_embeddings, trained_view, visible_degree)
+                                      read_embeddings, trained_view, user_view, visible_degree)
 from hir_model.graph.sampler import ViewConfig
 from hir_model.graph.window import load_window_graph
 from hir_model.storage import PartitionStore
@@ -25,13 +25,16 @@ class EmbeddingsBuild:
     missing: list[str]  # of those, the ones without a row (a sample)
     no_engagement: int  # rows whose entity has no engagement edge (cold start included)
     view: ViewConfig  # the neighbourhood view warm entities were embedded from
+    user_view: ViewConfig | None = None  # warm users' view where it is not `view` (users = "narrow")
 
 
 def embed_window(store: PartitionStore, key: str, end_us: int, config: EmbedConfig = EmbedConfig()) -> EmbeddingsBuild:
     """Embed the window's entities with its checkpoint, in the view its teacher was trained on unless `config.view` is set."""
     model = window_model(store, key)
-    if config.view is None:
-        config = replace(config, view=trained_view(load_checkpoint(checkpoint_path(store, key)).get("extra", {})))
+    if config.view is None or (config.users == "narrow" and config.user_view is None):
+        extra = load_checkpoint(checkpoint_path(store, key)).get("extra", {})
+        config = replace(config, view=config.view or trained_view(extra),
+                         user_view=config.user_view or (user_view(extra) if config.users == "narrow" else None))
     graph = load_window_graph(store, key)
     content = None
     if model.encoder.cfg.content_dim:
@@ -45,7 +48,7 @@ def embed_window(store: PartitionStore, key: str, end_us: int, config: EmbedConf
     missing = [e for e in wanted if e not in have]
     no_engagement = int((visible_degree(graph, end_us, engagement_only=True)[emb.node] == 0).sum())
     return EmbeddingsBuild(emb, model.version, len(wanted), missing[:10] + ([f"... {len(missing)} in all"] if len(missing) > 10 else []),
-                           no_engagement, config.view)
+                           no_engagement, config.view, config.user_view if config.users == "narrow" else None)
 
 
 def load_embeddings(store: PartitionStore, key: str) -> EntityEmbeddings:

@@ -58,3 +58,10 @@ def test_train_settings_per_source_and_shared(tmp_path):
     cfg = load_config(write(tmp_path, text), env={"HIR_SOURCE": "synthetic"})
     assert cfg.train == {"levels": [4, 12, 36], "steps": 12}  # the source's sub-table over [train], others dropped
     assert cfg.train_shared == {"levels": [8, 32, 128], "steps": 12}  # [train] alone
+
+
+def test_embed_settings_per_source(tmp_path):
+    text = '[embed]\nbatch_size = 64\n[embed.movielens]\nusers = "narrow"\n'
+    assert load_config(write(tmp_path, text), env={}).embed == {"batch_size": 64, "users": "narrow"}
+    assert load_config(write(tmp_path, text), env={"HIR_SOURCE": "synthetic"}).embed == {"batch_size": 64}
+    assert load_config(write(tmp_path, ""), env={}).embed == {}

@@ -1,13 +1,15 @@
-"""Embedding in the checkpoint's view, and length-sorted batching that does not change any entity's vector."""
+"""Embedding in the checkpoint's view (users on its student view when asked), and length-sorted batching that does not
+change any entity's vector."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
+import pytest
 import torch
 
-from hir_model.embed import DEFAULT_VIEW, EmbedConfig, embed_entities, trained_view
+from hir_model.embed import DEFAULT_VIEW, EmbedConfig, embed_defaults, embed_entities, trained_view, user_view
 from hir_model.embed.entities import _content_lookup, _with_content, take_sequences
 from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.nn import collate
@@ -51,3 +53,41 @@ def test_batch_composition_does_not_change_embeddings():
     big = embed_entities(model, graph, AS_OF, content, EmbedConfig(batch_size=256))
     assert small.entity_id.tolist() == big.entity_id.tolist()
     assert np.isfinite(small.vectors).all() and np.allclose(np.linalg.norm(small.vectors, axis=1), 1, atol=1e-5)
+
+
+def test_the_student_view_for_users_reads_the_checkpoint_without_its_edge_drop():
+    narrow = ViewConfig("narrow", fanout=(4, 2), max_age_days=10.0, edge_drop=0.3)
+    extra = {"train_config": TrainConfig(narrow=narrow).to_dict()}
+    assert trained_view(extra, "narrow") == narrow
+    assert user_view(extra) == ViewConfig("narrow", fanout=(4, 2), max_age_days=10.0, edge_drop=0.0)
+    assert user_view({}) == replace(TrainConfig().narrow, edge_drop=0.0)  # a bare checkpoint: TrainConfig's student view
+    with pytest.raises(ValueError, match="one of"):
+        trained_view(extra, "teacher")
+
+
+def test_users_on_the_narrow_view_change_user_rows_only():
+    """users="narrow": the other entities' rows are what embedding them alone in the broad view gives, the users' what
+    embedding the users alone on the narrow view gives (one sampler pass per view), and the view changes warm users'."""
+    graph, content, _ = tiny_world()
+    model = tiny_model()
+    narrow = ViewConfig("narrow", fanout=(3, 2), max_age_days=2.0)
+    broad = embed_entities(model, graph, AS_OF, content, EmbedConfig(view=DEFAULT_VIEW))
+    mixed = embed_entities(model, graph, AS_OF, content, EmbedConfig(view=DEFAULT_VIEW, users="narrow", user_view=narrow))
+    users = embed_entities(model, graph, AS_OF, content, EmbedConfig(view=narrow, entity_types=("user",)))
+    others = embed_entities(model, graph, AS_OF, content, EmbedConfig(view=DEFAULT_VIEW, entity_types=("product", "advertiser")))
+    assert mixed.entity_id.tolist() == broad.entity_id.tolist()
+    is_user = mixed.entity_type == "user"
+    warm_users = is_user & ~mixed.cold_start
+    assert warm_users.sum() >= 3 and (~is_user).sum() >= 3
+    np.testing.assert_array_equal(mixed.vectors[~is_user], others.vectors[others.rows(mixed.entity_id[~is_user])])
+    np.testing.assert_array_equal(mixed.vectors[is_user], users.vectors[users.rows(mixed.entity_id[is_user])])
+    assert not np.allclose(mixed.vectors[warm_users], broad.vectors[warm_users], atol=1e-4)
+
+
+def test_embed_defaults_take_hir_toml_fields_and_refuse_unknown_ones():
+    assert embed_defaults({"users": "narrow", "batch_size": 32}) == EmbedConfig(users="narrow", batch_size=32)
+    assert embed_defaults(None) == EmbedConfig()
+    with pytest.raises(ValueError, match=r"unknown fields \['user'\]"):
+        embed_defaults({"user": "narrow"})
+    with pytest.raises(ValueError, match="users must be one of"):
+        embed_defaults({"users": "student"})
