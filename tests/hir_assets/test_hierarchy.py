@@ -130,3 +130,23 @@ def test_cli_retrieve_prints_items_tokens_and_labels(materialised, monkeypatch, 
     assert "exact faiss" in out[0] and all("p1 " not in line for line in out[1:])
     assert cli.main(["retrieve", "--window", "2030-01-06", "--user", "u1"]) == 2
     assert "never materialised" in capsys.readouterr().err
+
+
+def test_hir_toml_embed_settings_reach_the_asset_and_the_run_config_wins(materialised):
+    config, store, _ = materialised
+    partitions = window_partitions(config.window_spec())
+    resources = {"storage": LocalPartitionStorage(root=config.storage_uri), "source": SourceResource.from_config(config)}
+    with pytest.raises(ValueError, match=r"unknown fields \['user'\]"):  # a typo in hir.toml fails when definitions load
+        build_hierarchy_assets(partitions, {"user": "narrow"})
+
+    def view_of(overrides: dict, run_config: dict | None = None) -> str:
+        (embeddings,) = [a for a in build_hierarchy_assets(partitions, overrides) if EMBEDDINGS_ASSET in {k.path[-1] for k in a.keys}]
+        result = dg.materialize([embeddings], partition_key=KEYS[1], resources=resources, run_config=run_config,
+                                instance=dg.DagsterInstance.ephemeral())
+        assert result.success
+        return metadata(result, EMBEDDINGS_ASSET)["view"]
+
+    assert "users:" not in view_of({})  # every entity on the checkpoint's broad view
+    narrow = view_of({"users": "narrow"})
+    assert "users: narrow" in narrow and "max_age_days=14.0" in narrow  # TrainConfig's student view (a bare checkpoint)
+    assert "users:" not in view_of({"users": "narrow"}, {"ops": {EMBEDDINGS_ASSET: {"config": {"users": "broad"}}}})
