@@ -34,7 +34,7 @@ decimal: IDF over window t's catalogue instead of the items known by end(t)). Th
     python benchmarks/quality.py --quick --cases synthetic --no-hir   # the baselines only
     python benchmarks/quality.py --quick --cases synthetic --set steps=20   # a TrainConfig field, as if in hir.toml's
                                             # [train.<source>]
-    python benchmarks/quality.py --cases movielens --set steps=48   # HIR on every MovieLens window, one override
+    python benchmarks/quality.py --cases movielens --set steps=24   # HIR on every MovieLens window, one override
     python benchmarks/quality.py --store .hir/storage/movielens   # HIR beside the baselines on a materialised store
     python benchmarks/quality.py --quick --cases movielens --prior-weight 0   # HIR's scores without the item prior
     python benchmarks/quality.py --quick --cases movielens --calibrate-days 0 --recent-weight 0 --kernel-weight 0
