@@ -78,6 +78,11 @@ class EmbedConfig:
         if self.users not in USER_VIEWS:
             raise ValueError(f"EmbedConfig.users must be one of {USER_VIEWS}, got {self.users!r}")
 
+    @property
+    def warm_user_view(self) -> ViewConfig | None:
+        """The view warm users are embedded on where it is not `view` (users = "narrow" with its view resolved)."""
+        return self.user_view if self.users == "narrow" else None
+
 
 def embed_defaults(overrides: dict | None = None) -> EmbedConfig:
     """EmbedConfig with hir.toml's [embed] / [embed.<source>] fields over its defaults (HIRConfig.embed)."""
@@ -201,7 +206,7 @@ def embed_entities(model: TrainedModel, graph: Graph, cutoff_us: int, content: p
     lookup = _content_lookup(graph, content, model.encoder.cfg.content_dim)
     vectors = np.zeros((len(nodes), model.encoder.cfg.width), np.float32)
     view = config.view or DEFAULT_VIEW
-    users = config.user_view if config.users == "narrow" and config.user_view is not None else view
+    users = config.warm_user_view or view
     is_user = types[nodes] == NODE_TYPES.index("user")
     groups = [(~cold, view)] if users == view else [(~cold & ~is_user, view), (~cold & is_user, users)]
     for mask, seen in groups:  # warm entities, one sampler pass per view

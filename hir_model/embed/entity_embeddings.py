@@ -14,7 +14,7 @@ from hir_model.embed.entities import (EMBEDDINGS_ASSET, EMBEDDINGS_FILE, EmbedCo
 from hir_model.graph.sampler import ViewConfig
 from hir_model.graph.window import load_window_graph
 from hir_model.storage import PartitionStore
-from hir_model.train.checkpoint import checkpoint_path, load_checkpoint, window_model
+from hir_model.train.checkpoint import window_model
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,8 @@ class EmbeddingsBuild:
 def embed_window(store: PartitionStore, key: str, end_us: int, config: EmbedConfig = EmbedConfig()) -> EmbeddingsBuild:
     """Embed the window's entities with its checkpoint, in the view its teacher was trained on unless `config.view` is set."""
     model = window_model(store, key)
-    if config.view is None or (config.users == "narrow" and config.user_view is None):
-        extra = load_checkpoint(checkpoint_path(store, key)).get("extra", {})
-        config = replace(config, view=config.view or trained_view(extra),
-                         user_view=config.user_view or (user_view(extra) if config.users == "narrow" else None))
+    config = replace(config, view=config.view or trained_view(model.extra),
+                     user_view=config.user_view or (user_view(model.extra) if config.users == "narrow" else None))
     graph = load_window_graph(store, key)
     content = None
     if model.encoder.cfg.content_dim:
@@ -48,7 +46,7 @@ def embed_window(store: PartitionStore, key: str, end_us: int, config: EmbedConf
     missing = [e for e in wanted if e not in have]
     no_engagement = int((visible_degree(graph, end_us, engagement_only=True)[emb.node] == 0).sum())
     return EmbeddingsBuild(emb, model.version, len(wanted), missing[:10] + ([f"... {len(missing)} in all"] if len(missing) > 10 else []),
-                           no_engagement, config.view, config.user_view if config.users == "narrow" else None)
+                           no_engagement, config.view, config.warm_user_view)
 
 
 def load_embeddings(store: PartitionStore, key: str) -> EntityEmbeddings:

@@ -44,17 +44,16 @@ def load_artefacts(store, key: str, end_us: int) -> WindowArtefacts:
     """Window `key`'s published embeddings, checkpoint, graph and content table (the graph and content when present)."""
     from hir_model.graph.window import has_graph, load_window_graph
     from hir_model.content import CONTENT_ASSET, CONTENT_FILE
-    from hir_model.train.checkpoint import checkpoint_path, window_model
+    from hir_model.train.checkpoint import window_model
     from hir_model.embed.entity_embeddings import load_embeddings
-    from hir_model.train.checkpoint import load_checkpoint
 
     model = window_model(store, key)
     content = None
     if model.encoder.cfg.content_dim and store.exists(CONTENT_ASSET, key, CONTENT_FILE):
         content = store.read(CONTENT_ASSET, key, CONTENT_FILE, columns=["entity_id", "embedding"])
     graph = load_window_graph(store, key) if has_graph(store, key) else None
-    extra = load_checkpoint(checkpoint_path(store, key)).get("extra", {})
-    return WindowArtefacts(key, end_us, load_embeddings(store, key), model, graph, content, trained_view(extra), trained_prior_scale(extra))
+    return WindowArtefacts(key, end_us, load_embeddings(store, key), model, graph, content, trained_view(model.extra),
+                           trained_prior_scale(model.extra))
 
 
 def trained_prior_scale(extra: dict) -> float:

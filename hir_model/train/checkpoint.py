@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class TrainedModel:
     version: str  # content hash of config + weights: what produced an embedding
     window: str = ""  # the window whose data it was trained on (up to its end)
     global_levels: int = 0  # the first this many levels' prototypes are the encoder's global tokens (hir_model.train)
+    extra: dict = field(default_factory=dict, compare=False)  # the checkpoint's `extra` (its train_config, views, prior scale)
 
     @property
     def levels(self) -> tuple[int, ...]:
@@ -85,7 +86,7 @@ def load_trained_model(path: str | Path, map_location: str | torch.device = "cpu
     encoder.load_state_dict(payload["model"])
     encoder.eval()
     return TrainedModel(encoder, tuple(payload["prototypes"]), payload["step"], payload["version"], payload.get("window", ""),
-                        int(payload.get("extra", {}).get("global_levels", 0)))
+                        int(payload.get("extra", {}).get("global_levels", 0)), payload.get("extra", {}))
 
 
 def checkpoint_path(store: PartitionStore, key: str) -> Path:
