@@ -14,6 +14,9 @@ build time over the smaller's, target within 12x for 10x the events; `peak_mb` o
 2048), then `case=sampler` lines (subgraphs per second, per view, on the larger graph), the vectorised sampler beside the
 one it replaced (tests/hir_model/graph/reference_sampler.py), on the same seeds in alternating blocks: `ratio` is
 new over old subgraphs/s (wall clock), target 10; `cpu_ratio` the same in process CPU time (steadier on a shared machine).
+The new sampler leaves each token's hash codes in the graph's node table and writes narrow integer columns; the
+`case=collate` lines time what the consumer pays for that: hir_model.nn.batch.collate of the new batches against the
+same batches with per-token int64 codes and columns (`ratio`: per-token ms over new ms; above 1, the new form is cheaper).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from pathlib import Path
 WINDOWS = 8
 SEEDS = 256  # seeds per sampled batch
 BATCHES = 20  # batches timed per view
+COLLATED = 8  # batches collated per view
+INT_COLUMNS = ("node_type", "depth", "ancestors", "edge_type")  # narrow in a sampled batch, int64 in the old one
 
 
 def generate(events: int, workdir: Path) -> None:
@@ -61,6 +66,7 @@ def build(workdir: Path) -> dict:
     from hir_model.graph.sampler import BROAD, NARROW, sample
     from hir_model.graph.storage import load_graph, write_graph
     from hir_model.graph.window import EVENT_BATCH_ROWS, to_us
+    from hir_model.nn.batch import collate
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the old sampler is a test reference
     from tests.hir_model.graph import reference_sampler as reference
@@ -106,6 +112,21 @@ def build(workdir: Path) -> dict:
                           "old_subgraphs_per_s": round(rate["old"]), "old_mean_tokens": round(tokens["old"] / (SEEDS * BATCHES), 1),
                           "ratio": round(rate["new"] / rate["old"], 1), "cpu_ratio": round(cpu["old"] / cpu["new"], 1),
                           "target_ratio": 10, "ok": rate["new"] >= 10 * rate["old"]}
+        # the consumer's side: collate pads a batch whose codes stay in the node table (one gather into the padded
+        # layout) against the same batch with per-token int64 codes and columns, as the old sampler handed them over
+        new = [sample(graph, seeds, graph.as_of_us, view, rng) for seeds in batches[:COLLATED]]
+        wide = [replace(b, hash_codes=b.token_codes, code_table=None, **{f: getattr(b, f).astype(np.int64) for f in INT_COLUMNS})
+                for b in new]
+        collate(new[0]), collate(wide[0])  # warm-up
+        ms = {"table": 0.0, "per_token": 0.0}
+        for a, b in zip(new, wide):
+            for name, batch in (("table", a), ("per_token", b)):
+                t0 = time.perf_counter()
+                collate(batch)
+                ms[name] += (time.perf_counter() - t0) * 1000 / len(new)
+        out[f"collate_{view.name}"] = {"batches": len(new), "ms_codes_in_table": round(ms["table"], 2),
+                                       "ms_codes_per_token": round(ms["per_token"], 2),
+                                       "ratio": round(ms["per_token"] / ms["table"], 2)}
     return out
 
 
@@ -142,6 +163,8 @@ def main() -> None:
     for view in ("narrow", "broad"):
         print(f"case=sampler view={view} events={large['events']} edges={large['edges']} "
               + " ".join(f"{k}={v}" for k, v in results[-1][view].items()))
+    for view in ("narrow", "broad"):
+        print(f"case=collate view={view} " + " ".join(f"{k}={v}" for k, v in results[-1][f"collate_{view}"].items()))
 
 
 if __name__ == "__main__":

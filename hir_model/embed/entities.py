@@ -161,15 +161,7 @@ def take_sequences(batch: SampledBatch, idx: np.ndarray) -> SampledBatch:
     lengths = batch.lengths[idx]  # (b,)
     offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)  # (b+1,)
     tok = np.arange(offsets[-1]) + np.repeat(batch.offsets[:-1][idx] - offsets[:-1], lengths)  # (T',) source token of each
-
-    def per_token(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else a[tok]
-
-    return replace(batch, offsets=offsets, seeds=batch.seeds[idx], node=batch.node[tok], hash_codes=batch.hash_codes[tok],
-                   node_type=batch.node_type[tok], depth=batch.depth[tok], ancestors=batch.ancestors[tok],
-                   edge_type=batch.edge_type[tok], edge_age=batch.edge_age[tok], content=per_token(batch.content),
-                   has_content=per_token(batch.has_content), strength=per_token(batch.strength),
-                   structure=per_token(batch.structure))
+    return batch.take_tokens(tok, offsets=offsets, seeds=batch.seeds[idx])
 
 
 def length_sorted_batches(graph: Graph, seeds: np.ndarray, cutoff_us: int, view: ViewConfig, config: EmbedConfig,

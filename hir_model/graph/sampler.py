@@ -27,9 +27,11 @@ How (every step is one numpy pass over all tokens of a depth level of the whole 
   it already has. Given the draws so far, the next distinct neighbours of an i.i.d. sequence are a successive
   sample of the rest, so the result is exact successive sampling either way (no truncation).
 Tokens are laid out per sequence in BFS order: seed, depth 1, depth 2; within a parent in draw order. Each level is
-written straight to its places in the batch; a pick travels as one int64, edge << 32 | neighbour.
+written straight to its places in the batch; a pick travels as one int64, edge << 32 | neighbour. The batch's integer
+columns are as narrow as their values allow and its hash codes stay in the graph's node table (`code_table`): writing
+the batch's bytes was a third of a broad batch's time, and collate gathers the codes straight into its padded layout.
 
-The same seeds and generator give the same batch, bit for bit, as the sampler the demo ran with (9d8e473): every
+The same seeds and generator give the same batch, value for value, as the sampler the demo ran with (9d8e473): every
 speed-up here keeps the order and number of the generator's draws (tests/hir_model/graph/test_sampler_equivalence.py).
 """
 
@@ -103,9 +105,9 @@ def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: i
     # (L, B): place of a sequence's first token at a level, minus that token's index within the level
     shift = offsets[:-1] + np.cumsum(per_seq, axis=0) - per_seq - (np.cumsum(per_seq, axis=1) - per_seq)
     packed = np.empty(t, np.int64)
-    ancestors = np.empty((t, levels), np.int64)
-    rows = ancestors.view(np.dtype((np.void, 8 * levels))).reshape(-1)  # one item per token: np.put moves whole rows
-    block = np.full((b, levels), -1, np.int64)  # (n, L) the level's ancestors, in level order
+    ancestors = np.empty((t, levels), np.int32)  # local indices: a sequence has far fewer than 2**31 tokens
+    rows = ancestors.view(np.dtype((np.void, 4 * levels))).reshape(-1)  # one item per token: np.put moves whole rows
+    block = np.full((b, levels), -1, np.int32)  # (n, L) the level's ancestors, in level order
     for d in range(levels):
         at = np.arange(len(tokens[d])) + np.repeat(shift[d], per_seq[d])  # place in the batch
         if d:  # the parent's ancestors (-1 from depth d on), then its own local index
@@ -115,10 +117,11 @@ def _assemble(graph: Graph, table: VisibleEdges, seeds: np.ndarray, cutoff_us: i
         np.put(rows, at, block.view(rows.dtype).reshape(-1))
     nodes = packed & NEIGHBOUR_MASK
     type_age = table.type_age.take(packed >> 32)
+    # narrow integer columns and the codes left in the graph's node table: the batch's bytes are what limits this pass
     return SampledBatch(
-        offsets=offsets, seeds=seeds, node=nodes, hash_codes=np.take(np.asarray(graph.nodes.hash_codes), nodes, axis=0),
-        node_type=np.take(graph.nodes.node_type, nodes).astype(np.int64),
-        depth=np.repeat(np.tile(np.arange(levels), b), per_seq.T.reshape(-1)), ancestors=ancestors, edge_type=type_age >> 32, edge_age=type_age.astype(np.uint32).view(np.float32),
+        offsets=offsets, seeds=seeds, node=nodes, hash_codes=None, code_table=np.asarray(graph.nodes.hash_codes),
+        node_type=np.take(graph.nodes.node_type, nodes), depth=np.repeat(np.tile(np.arange(levels, dtype=np.int8), b), per_seq.T.reshape(-1)),
+        ancestors=ancestors, edge_type=(type_age >> 32).astype(np.int8), edge_age=type_age.astype(np.uint32).view(np.float32),
         cutoff_us=cutoff_us, strength=graph.strength_until(cutoff_us).take(nodes))
 
 

@@ -6,7 +6,7 @@ change (bump the encoder version), never a silent reindexing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,17 +37,36 @@ class SampledBatch:
     offsets: np.ndarray  # int64 [B+1], offsets[0] = 0, offsets[-1] = T
     seeds: np.ndarray  # int64 [B], node index (row of the graph's node table) of each seed
     node: np.ndarray  # int64 [T], node index of each token
-    hash_codes: np.ndarray  # int64 [T, K], deep-hash codes of each token's node id (hir_model.graph.hashing)
-    node_type: np.ndarray  # int64 [T], index into NODE_TYPES
-    depth: np.ndarray  # int64 [T], BFS-tree depth, 0 for the seed
-    ancestors: np.ndarray  # int64 [T, D+1], local index (within the sequence) of the ancestor at each depth d <= depth[t]; ancestors[t, depth[t]] is t's own local index; -1 beyond depth[t]
-    edge_type: np.ndarray  # int64 [T], index into EDGE_TYPES of the edge to the parent (SELF_EDGE for the seed)
+    # int64 [T, K], deep-hash codes of each token's node id (hir_model.graph.hashing); None when `code_table` is set
+    hash_codes: np.ndarray | None
+    # Integer columns may be any integer dtype (the sampler writes the narrowest; collate widens them to int64):
+    node_type: np.ndarray  # int [T], index into NODE_TYPES
+    depth: np.ndarray  # int [T], BFS-tree depth, 0 for the seed
+    ancestors: np.ndarray  # int [T, D+1], local index (within the sequence) of the ancestor at each depth d <= depth[t]; ancestors[t, depth[t]] is t's own local index; -1 beyond depth[t]
+    edge_type: np.ndarray  # int [T], index into EDGE_TYPES of the edge to the parent (SELF_EDGE for the seed)
     edge_age: np.ndarray  # float32 [T], seconds from that edge's last timestamp to the cutoff (0 for the seed)
     cutoff_us: int  # the cutoff, UTC microseconds: no sampled edge is later than it
     content: np.ndarray | None = None  # float32 [T, C], the token's content vector where it has one
     has_content: np.ndarray | None = None  # bool [T]; False rows of `content` are meaningless (not zeros that look like data)
     strength: np.ndarray | None = None  # float32 [T], the token's node's decayed engagement (hir_model.graph.csr.Graph.strength); None: 0
     structure: np.ndarray | None = None  # float32 [T, S], the token's node's structural encoding (hir_model.graph.structure); None: 0
+    # int64 [V, K], the graph's per-node codes (shared, never copied): token t's codes are code_table[node[t]], gathered
+    # once where they are used (collate pads them straight from it) instead of per token here
+    code_table: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if (self.hash_codes is None) == (self.code_table is None):
+            raise ValueError("a SampledBatch needs exactly one of hash_codes (per token) and code_table (per node)")
+
+    @property
+    def token_codes(self) -> np.ndarray:
+        """int64 [T, K]: each token's hash codes, gathered from `code_table` when the batch carries node indices only."""
+        return self.hash_codes if self.hash_codes is not None else self.code_table.take(self.node, axis=0)
+
+    def take_tokens(self, idx: np.ndarray, **changes) -> SampledBatch:
+        """The batch with its per-token columns (those that exist) taken at `idx`, and `changes` applied."""
+        cut = {f: None if getattr(self, f) is None else getattr(self, f)[idx] for f in TOKEN_FIELDS}
+        return replace(self, **{**cut, **changes})
 
     @property
     def num_sequences(self) -> int:
@@ -56,3 +75,7 @@ class SampledBatch:
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+
+TOKEN_FIELDS = ("node", "hash_codes", "node_type", "depth", "ancestors", "edge_type", "edge_age", "content", "has_content",
+                "strength", "structure")  # SampledBatch's columns with one row per token

@@ -77,8 +77,15 @@ def collate(batch: SampledBatch, keep_node: bool = False) -> EncoderBatch:
     content = None
     if batch.content is not None:
         content = pad(np.where(has_content[:, None], batch.content, 0.0), 0.0, np.float32)
+    node = pad(batch.node, -1, np.int64) if keep_node or batch.hash_codes is None else None
+    if batch.hash_codes is None:  # one gather from the graph's per-node table straight into the padded layout
+        codes = batch.code_table.take(node.numpy().clip(0), axis=0)  # (B, N, K)
+        codes[node.numpy() < 0] = 0
+        hash_codes = torch.from_numpy(codes)
+    else:
+        hash_codes = pad(batch.hash_codes, 0, np.int64)
     return EncoderBatch(
-        hash_codes=pad(batch.hash_codes, 0, np.int64),
+        hash_codes=hash_codes,
         node_type=pad(batch.node_type, 0, np.int64),
         depth=pad(batch.depth, 0, np.int64),
         ancestors=pad(batch.ancestors, -1, np.int64),
@@ -89,5 +96,5 @@ def collate(batch: SampledBatch, keep_node: bool = False) -> EncoderBatch:
         content=content,
         strength=None if batch.strength is None else pad(batch.strength, 0.0, np.float32),
         structure=None if batch.structure is None else pad(batch.structure, 0.0, np.float32),
-        node=pad(batch.node, -1, np.int64) if keep_node else None,
+        node=node if keep_node else None,
     )

@@ -53,7 +53,7 @@ class Tokens:
         anc = np.full((hi - lo, width), -1, np.int64)
         anc[:, 0] = 0
         anc[:, 1:1 + old.shape[1]] = np.where(old >= 0, old + base, -1)
-        return cls(sub.node[lo:hi].copy(), sub.hash_codes[lo:hi], sub.node_type[lo:hi].copy(), sub.depth[lo:hi] + 1, anc,
+        return cls(sub.node[lo:hi].copy(), sub.token_codes[lo:hi], sub.node_type[lo:hi].copy(), sub.depth[lo:hi] + 1, anc,
                    sub.edge_type[lo:hi].copy(), sub.edge_age[lo:hi].astype(np.float64) + shift_s, content, has)
 
     @classmethod

@@ -209,11 +209,6 @@ class InductiveEncoder:
         for lo in range(0, batch.num_sequences, step):
             hi = min(lo + step, batch.num_sequences)
             a, b = batch.offsets[lo], batch.offsets[hi]
-            part = SampledBatch(batch.offsets[lo:hi + 1] - a, batch.seeds[lo:hi], batch.node[a:b], batch.hash_codes[a:b],
-                                batch.node_type[a:b], batch.depth[a:b], batch.ancestors[a:b], batch.edge_type[a:b],
-                                batch.edge_age[a:b], batch.cutoff_us, None if batch.content is None else batch.content[a:b],
-                                None if batch.has_content is None else batch.has_content[a:b],
-                                None if batch.strength is None else batch.strength[a:b],
-                                None if batch.structure is None else batch.structure[a:b])
+            part = batch.take_tokens(slice(a, b), offsets=batch.offsets[lo:hi + 1] - a, seeds=batch.seeds[lo:hi])
             out.append(model.encoder(collate(part), model.global_tokens).float().cpu().numpy())  # (b, W)
         return np.concatenate(out) if out else np.zeros((0, self.width), np.float32)

@@ -163,14 +163,12 @@ def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
     keep = (batch.depth == 0) | ~np.asarray(which, bool)[owner]
     offsets = np.zeros_like(batch.offsets)
     np.cumsum(np.bincount(owner[keep], minlength=batch.num_sequences), out=offsets[1:])
-    cut = {f: getattr(batch, f)[keep] for f in ("node", "hash_codes", "node_type", "depth", "ancestors", "edge_type", "edge_age")}
-    if batch.content is not None:
-        cut.update(content=batch.content[keep], has_content=batch.has_content[keep])
+    cut = {}
     if batch.strength is not None:  # a never-engaged entity has none: the flagged seeds lose theirs too
         cut.update(strength=np.where(np.asarray(which, bool)[owner], 0.0, batch.strength).astype(np.float32)[keep])
     if batch.structure is not None:  # nor a place in the graph
         cut.update(structure=np.where(np.asarray(which, bool)[owner][:, None], 0.0, batch.structure).astype(np.float32)[keep])
-    return replace(batch, offsets=offsets, **cut)
+    return batch.take_tokens(keep, offsets=offsets, **cut)
 
 
 @dataclass(frozen=True)

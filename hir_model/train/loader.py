@@ -249,7 +249,7 @@ class ReadyStep:
         """Collate `sb`'s views; `lean`: the batch was sampled without content and structure (see `NodeTables`), and
         its hash codes are dropped too: the views carry node indices, and the device fills in the rest."""
         if lean:
-            narrow, broad = (collate(replace(v, hash_codes=v.hash_codes[:, :0]), keep_node=True) for v in (sb.narrow, sb.broad))
+            narrow, broad = (collate(replace(v, hash_codes=np.zeros((len(v.node), 0), np.int64), code_table=None), keep_node=True) for v in (sb.narrow, sb.broad))
         else:
             narrow, broad = collate(sb.narrow), collate(sb.broad)
         return cls(narrow, broad, sb.pairs, sb.sign, sb.log_q, sb.pair_batch)

@@ -72,7 +72,8 @@ def check_batch(graph, batch, view: ViewConfig, cutoff: int) -> None:
     """Every invariant of one sampled batch against its graph."""
     t = len(batch.node)
     assert batch.offsets[0] == 0 and batch.offsets[-1] == t and np.all(batch.lengths >= 1)
-    assert batch.ancestors.shape == (t, len(view.fanout) + 1) and batch.hash_codes.shape == (t, graph.nodes.hash_codes.shape[1])
+    assert batch.ancestors.shape == (t, len(view.fanout) + 1)
+    assert np.array_equal(batch.token_codes, np.asarray(graph.nodes.hash_codes)[batch.node])  # each token's node's codes
     seeds = batch.offsets[:-1]
     assert np.array_equal(batch.node[seeds], batch.seeds) and np.all(batch.depth[seeds] == 0)
     assert np.all(batch.edge_type[seeds] == SELF_EDGE) and np.all(batch.edge_age[seeds] == 0)
@@ -104,4 +105,3 @@ def check_batch(graph, batch, view: ViewConfig, cutoff: int) -> None:
     path_nodes = np.where(batch.ancestors >= 0, on_path, -1 - np.arange(batch.ancestors.shape[1]))  # distinct fillers
     assert all(len(set(row)) == len(row) for row in path_nodes.tolist())
     assert np.array_equal(batch.node_type, graph.nodes.node_type[batch.node])
-    assert np.array_equal(batch.hash_codes, graph.nodes.hash_codes[batch.node])

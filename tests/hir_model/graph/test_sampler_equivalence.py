@@ -146,11 +146,15 @@ def test_sampling_is_deterministic_given_the_rng_and_tables_are_kept_per_cutoff(
 
 
 def batch_digest(batch) -> str:
-    """sha256 of every field of a batch: name, dtype, shape and bytes."""
+    """sha256 of every field of a batch: name, dtype, shape and bytes; integer columns as int64 and the hash codes per
+    token, as the sampler at 9d8e473 wrote them (narrower dtypes and codes left in the node table carry the same values)."""
     h = hashlib.sha256()
     for f in fields(batch):
-        value = getattr(batch, f.name)
+        value = batch.token_codes if f.name == "hash_codes" else getattr(batch, f.name)
+        if f.name == "code_table":
+            continue
         if isinstance(value, np.ndarray):
+            value = value.astype(np.int64) if value.dtype.kind in "iu" else value
             h.update(f"{f.name}:{value.dtype.str}:{value.shape}".encode())
             h.update(np.ascontiguousarray(value).tobytes())
         elif value is not None:

@@ -122,7 +122,7 @@ def test_seed_only_cuts_flagged_sequences_to_their_seed_token():
     np.testing.assert_array_equal(cut.lengths, np.where(which, 1, batch.lengths))
     for s in np.flatnonzero(~which):  # untouched sequences: every token array the same
         a, b = slice(batch.offsets[s], batch.offsets[s + 1]), slice(cut.offsets[s], cut.offsets[s + 1])
-        for f in ("node", "depth", "ancestors", "edge_type", "edge_age", "hash_codes", "strength"):
+        for f in ("node", "depth", "ancestors", "edge_type", "edge_age", "token_codes", "strength"):
             np.testing.assert_array_equal(getattr(cut, f)[b], getattr(batch, f)[a])
     assert (cut.node[cut.offsets[:-1][which]] == batch.seeds[which]).all() and (cut.depth[cut.offsets[:-1][which]] == 0).all()
     assert (batch.strength[batch.offsets[:-1][which]] > 0).all() and (cut.strength[cut.offsets[:-1][which]] == 0).all()  # as if new
