@@ -163,12 +163,14 @@ def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
     keep = (batch.depth == 0) | ~np.asarray(which, bool)[owner]
     offsets = np.zeros_like(batch.offsets)
     np.cumsum(np.bincount(owner[keep], minlength=batch.num_sequences), out=offsets[1:])
+    out = batch.take_tokens(keep, offsets=offsets)
+    flagged = np.asarray(which, bool)[owner][keep]  # (T',) the kept tokens of flagged sequences: their seeds
     cut = {}
-    if batch.strength is not None:  # a never-engaged entity has none: the flagged seeds lose theirs too
-        cut.update(strength=np.where(np.asarray(which, bool)[owner], 0.0, batch.strength).astype(np.float32)[keep])
-    if batch.structure is not None:  # nor a place in the graph
-        cut.update(structure=np.where(np.asarray(which, bool)[owner][:, None], 0.0, batch.structure).astype(np.float32)[keep])
-    return batch.take_tokens(keep, offsets=offsets, **cut)
+    if out.strength is not None:  # a never-engaged entity has none: the flagged seeds lose theirs too
+        cut.update(strength=np.where(flagged, 0.0, out.strength).astype(np.float32))
+    if out.structure is not None:  # nor a place in the graph
+        cut.update(structure=np.where(flagged[:, None], 0.0, out.structure).astype(np.float32))
+    return replace(out, **cut)
 
 
 @dataclass(frozen=True)
