@@ -102,6 +102,7 @@ class Run:
     stand_in_content: bool  # --skip content: the hashed TF-IDF stand-in instead of MiniLM + catalog_clip
     train_overrides: dict  # hir.toml's [train] + [train.synthetic], as hir_assets/training.py gets them, then --steps
     text_dtype: str = "bfloat16"  # MiniLM's dtype: the demo's (Makefile: HIR_TEXT_DTYPE=bfloat16)
+    max_users: int | None = None  # --max-users: judged users per evaluation slice (None: EvalConfig's)
 
     def previous(self, window: Window) -> str | None:
         prev = self.spec.previous(window)
@@ -204,13 +205,19 @@ def bom(run: Run, window: Window) -> dict:
 
 def evaluation(run: Run, window: Window) -> dict:
     truth = pq.read_table(run.source.data_dir / "ground_truth" / "entities.parquet")
-    outcome = evaluate_published_window(run.store, run.spec, window.key, WindowEvalConfig(), truth)
+    config = WindowEvalConfig()
+    if run.max_users is not None:
+        config = replace(config, eval=replace(config.eval, max_users=run.max_users))
+    outcome = evaluate_published_window(run.store, run.spec, window.key, config, truth)
     if not isinstance(outcome, WindowOutcome):
         raise RuntimeError(f"evaluation skipped: {outcome.reason}")
     with run.store.writing() as staging:
         write_evaluation(staging, window.key, outcome.evaluation, outcome.extras, outcome.methods)
     c = outcome.evaluation.counts
-    return {"warm_users": c.warm_users, "cold_users": c.cold_users, "known_items": c.known_items}
+    scored = {(r.users, r.items, r.target): r.metrics.n_users for r in outcome.evaluation.results}  # users scored (sampled)
+    return {"warm_users": c.warm_users, "cold_users": c.cold_users, "known_items": c.known_items,
+            "slice_users": sum(scored.values()), "scored_warm_deep_known": scored.get(("warm", "known", "deep_funnel"), 0),
+            **{f"{t.method}_s": round(t.fit_s + t.score_s, 1) for t in outcome.evaluation.timings}}
 
 
 STAGE_FUNCTIONS = {name: globals()[name] for name in STAGES}
@@ -268,11 +275,11 @@ def fmt(d: dict) -> str:
 
 
 def run_size(size: str, windows: int, workdir: Path, stages: tuple[str, ...], stand_in: bool, train: dict,
-             limit_mb: float, text_dtype: str) -> dict[str, list[dict]]:
+             limit_mb: float, text_dtype: str, max_users: int | None = None) -> dict[str, list[dict]]:
     cfg = size_config(size, windows)
     source = SyntheticSource(cfg, workdir / "data")
     spec = WindowSpec.covering("weekly", *source.span())
-    run = Run(source, PartitionStore(workdir / "store"), spec, workdir / "scratch", stand_in, train, text_dtype)
+    run = Run(source, PartitionStore(workdir / "store"), spec, workdir / "scratch", stand_in, train, text_dtype, max_users)
     keys = spec.windows()
     print(fmt({"size": size, "users": cfg.n_users, "products": cfg.n_products, "advertisers": cfg.n_advertisers,
                "events_per_window": cfg.events_per_window, "windows": len(keys), "dir": workdir}), flush=True)
@@ -327,6 +334,9 @@ def main() -> None:
     parser.add_argument("--only", default="",
                         help="comma-separated stages run alone, on a --workdir where an earlier run published the others "
                              "(e.g. --skip evaluation first, then --only evaluation to time it again)")
+    parser.add_argument("--max-users", type=int, default=None,
+                        help="judged users per evaluation slice at every size (default: EvalConfig.max_users, 5,000); "
+                             "equal at both sizes, evaluation's ratio is its cost per judged user")
     args = parser.parse_args()
     sizes = ["small/20", "small/2"] if args.quick else args.sizes.split(",")
     skip = {s for s in args.skip.split(",") if s} | ({"content"} if args.quick else set())
@@ -341,11 +351,11 @@ def main() -> None:
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hir-scale-"))
     print(fmt({"baseline_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
                "idle_child_mb": in_child(dict)["peak_mb"], "memory": "forked_child_ru_maxrss",
-               "torch_threads": 1, "sizes": ",".join(sizes), "windows": args.windows, "train_steps": train.get("steps"),
+               "torch_threads": 1, "sizes": ",".join(sizes), "eval_max_users": args.max_users or "default", "windows": args.windows, "train_steps": train.get("steps"),
                "content": "tfidf_stand_in" if stand_in else f"minilm_{args.text_dtype}+catalog_clip"}), flush=True)
     try:
-        results = [run_size(size, args.windows, root / size.replace("/", "_div"), stages, stand_in, train, args.max_mb, args.text_dtype)
-                   for size in sizes]
+        results = [run_size(size, args.windows, root / size.replace("/", "_div"), stages, stand_in, train, args.max_mb,
+                            args.text_dtype, args.max_users) for size in sizes]
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)
