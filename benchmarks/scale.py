@@ -5,6 +5,9 @@
                                                         # steps: every stage runs, in under a minute
     python benchmarks/scale.py --sizes medium,large     # 10x further; --windows 2 for a warm-started second window
     python benchmarks/scale.py --skip content           # content vectors from a hashed TF-IDF stand-in, not timed
+    python benchmarks/scale.py --sizes medium,large --skip content --max-users 250
+                                                        # the same judged users per evaluation slice at both sizes:
+                                                        # evaluation's ratio is then its cost per judged user
 
 A size is a preset of the synthetic source (hir_model/data/synthetic_config.py: small, medium, large, xl) or a
 preset divided by an integer (small/20: every entity and event count / 20). Each size generates `--windows` + 1
