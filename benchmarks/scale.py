@@ -354,7 +354,8 @@ def main() -> None:
     root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hir-scale-"))
     print(fmt({"baseline_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
                "idle_child_mb": in_child(dict)["peak_mb"], "memory": "forked_child_ru_maxrss",
-               "torch_threads": 1, "sizes": ",".join(sizes), "eval_max_users": args.max_users or "default", "windows": args.windows, "train_steps": train.get("steps"),
+               "torch_threads": 1, "sizes": ",".join(sizes), "eval_max_users": args.max_users or "default",
+               "windows": args.windows, "train_steps": train.get("steps"),
                "content": "tfidf_stand_in" if stand_in else f"minilm_{args.text_dtype}+catalog_clip"}), flush=True)
     try:
         results = [run_size(size, args.windows, root / size.replace("/", "_div"), stages, stand_in, train, args.max_mb,

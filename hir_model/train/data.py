@@ -160,11 +160,12 @@ def seed_only(batch: SampledBatch, which: np.ndarray) -> SampledBatch:
     """`batch` with the sequences flagged in `which` (bool [B]) cut to their seed token: the view a never-engaged
     entity has (its id, type and content). Other sequences are untouched (their local ancestor indices stay valid)."""
     owner = np.repeat(np.arange(batch.num_sequences), batch.lengths)  # (T,)
-    keep = (batch.depth == 0) | ~np.asarray(which, bool)[owner]
+    in_flagged = np.asarray(which, bool)[owner]  # (T,) the token belongs to a flagged sequence
+    keep = (batch.depth == 0) | ~in_flagged
     offsets = np.zeros_like(batch.offsets)
     np.cumsum(np.bincount(owner[keep], minlength=batch.num_sequences), out=offsets[1:])
     out = batch.take_tokens(keep, offsets=offsets)
-    flagged = np.asarray(which, bool)[owner][keep]  # (T',) the kept tokens of flagged sequences: their seeds
+    flagged = in_flagged[keep]  # (T',) the kept tokens of flagged sequences: their seeds
     cut = {}
     if out.strength is not None:  # a never-engaged entity has none: the flagged seeds lose theirs too
         cut.update(strength=np.where(flagged, 0.0, out.strength).astype(np.float32))
