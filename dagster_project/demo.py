@@ -53,6 +53,13 @@ def close_interrupted_runs(instance: dg.DagsterInstance) -> list[str]:
     return [r.run_id for r in runs]
 
 
+def succeeded(instance: dg.DagsterInstance, job_name: str, run_tag: dict[str, str]) -> set[str]:
+    """Partition keys of `job_name` with a successful run carrying `run_tag` (the demo's runs of one storage root): what
+    `--resume` leaves alone."""
+    runs = instance.get_runs(dg.RunsFilter(job_name=job_name, statuses=[dg.DagsterRunStatus.SUCCESS], tags=run_tag))
+    return {r.tags["dagster/partition"] for r in runs if "dagster/partition" in r.tags}
+
+
 def report_of(instance: dg.DagsterInstance) -> str:
     """The path the latest evaluation_report materialisation names."""
     event = instance.get_latest_materialization_event(dg.AssetKey(REPORT_ASSET))
@@ -64,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", help="comma-separated window keys (default: all)")
     parser.add_argument("--skip-evaluation", action="store_true", help="do not evaluate windows on their successors")
     parser.add_argument("--skip-adapters", action="store_true", help="do not train the objective adapters")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip the windows, evaluations and adapters that an earlier demo on the same storage already "
+                             "ran to success (a long run stopped midway goes on where it stopped)")
     args = parser.parse_args(argv)
     config = load_config()
     job = defs.resolve_job_def(WINDOW_JOB)
@@ -82,26 +92,40 @@ def main(argv: list[str] | None = None) -> int:
     # window on 2 cores; runs launched from the UI or a schedule keep the Pipes subprocess.
     in_process = {"ops": {ENCODER_ASSET: {"config": {"launch": "in_process"}}}}
 
+    # Runs carry the storage root they wrote to: the instance may hold other sources' runs of the same partition keys.
+    run_tag = {"hir/demo": "true", "hir/storage": config.storage_uri}
+
     def run(job_def, partition_key, label: str, config: dict | None = None) -> bool:
         result = job_def.execute_in_process(partition_key=partition_key, instance=instance, raise_on_error=False,
-                                            tags={"hir/demo": "true"}, run_config=quiet | (config or {}))
+                                            tags=run_tag, run_config=quiet | (config or {}))
         if not result.success:
             print(f"{label} failed (run id {result.run_id}); see `make ui` for the logs", file=sys.stderr)
         return result.success
 
     evaluation = defs.resolve_job_def(EVALUATION_JOB)
+    adapters = defs.resolve_job_def(ADAPTER_JOB)
+    done: dict[str, set[str]] = {name: succeeded(instance, name, run_tag) if args.resume else set()
+                                 for name in (WINDOW_JOB, EVALUATION_JOB, ADAPTER_JOB)}
+    if args.resume:
+        print(f"resuming: {len(done[WINDOW_JOB] & set(keys))} of {len(keys)} windows already materialised", flush=True)
     for i, key in enumerate(keys, 1):
-        if not run(job, key, f"run for window {key}", in_process):
+        if key in done[WINDOW_JOB]:
+            print(f"[{i}/{len(keys)}] {key} already materialised (--resume)", flush=True)
+        elif not run(job, key, f"run for window {key}", in_process):
             return 1
-        print(f"[{i}/{len(keys)}] {key} materialised ({time.time() - t0:.0f}s)", flush=True)
-        if i > 1 and not args.skip_evaluation:  # window t is judged on t+1's events: evaluate the previous window now
+        else:
+            print(f"[{i}/{len(keys)}] {key} materialised ({time.time() - t0:.0f}s)", flush=True)
+        # window t is judged on t+1's events: evaluate the previous window now
+        if i > 1 and not args.skip_evaluation and keys[i - 2] not in done[EVALUATION_JOB]:
             if not run(evaluation, keys[i - 2], f"evaluation of window {keys[i - 2]}"):
                 return 1
     if not args.skip_adapters:
-        adapters = defs.resolve_job_def(ADAPTER_JOB)
         for key in keys:
             for objective in OBJECTIVES:
-                if not run(adapters, dg.MultiPartitionKey({"window": key, "objective": objective}), f"adapter {objective} for {key}"):
+                partition = dg.MultiPartitionKey({"window": key, "objective": objective})
+                if partition in done[ADAPTER_JOB]:
+                    continue
+                if not run(adapters, partition, f"adapter {objective} for {key}"):
                     return 1
         print(f"objective adapters trained for {len(keys)} windows x {len(OBJECTIVES)} objectives ({time.time() - t0:.0f}s)", flush=True)
     store = defs.resources["storage"].store()
