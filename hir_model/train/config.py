@@ -249,7 +249,8 @@ BUDGETS: dict[str, dict] = {
 
 def with_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
     """cfg with the given fields replaced, named flat as in hir.toml (`lr`, `steps`: each goes to its group; lists become
-    tuples); `encoder` may be a dict of EncoderConfig fields to replace (e.g. {"strength_buckets": 24}); `budget` names a
+    tuples); `encoder` may be a dict of EncoderConfig fields to replace (e.g. {"strength_buckets": 24}), `narrow` and
+    `broad` dicts of ViewConfig fields (e.g. {"fanout": [12, 3]}); `budget` names a
     BUDGETS preset, applied before the other fields; unknown names raise a ValueError naming them."""
     overrides = dict(overrides)
     if "budget" in overrides:
@@ -266,6 +267,13 @@ def with_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
         if bad:
             raise ValueError(f"unknown EncoderConfig fields {bad}; known: {sorted(EncoderConfig.__dataclass_fields__)}")
         values["encoder"] = replace(cfg.encoder, **values["encoder"])
+    for view in ("narrow", "broad"):  # a dict of ViewConfig fields over the view's own ({"fanout": [12, 3]})
+        if isinstance(values.get(view), dict):
+            bad = sorted(set(values[view]) - set(ViewConfig.__dataclass_fields__) | ({"name"} & set(values[view])))
+            if bad:
+                raise ValueError(f"{view}: unknown or fixed ViewConfig fields {bad}; known: "
+                                 f"{sorted(set(ViewConfig.__dataclass_fields__) - {'name'})}")
+            values[view] = replace(getattr(cfg, view), **values[view])
     return set_fields(cfg, **values)
 
 

@@ -112,3 +112,14 @@ def test_named_budgets_expand_before_the_fields_beside_them():
     assert with_overrides(TrainConfig(), {"budget": "full"}).budget.epochs >= 1
     with pytest.raises(ValueError, match="unknown training budget 'huge'"):
         with_overrides(TrainConfig(), {"budget": "huge"})
+
+
+def test_views_take_field_overrides_and_reject_unknown_ones():
+    cfg = with_overrides(TrainConfig(), {"narrow": {"fanout": [12, 3], "max_age_days": 28.0}})
+    assert cfg.narrow.fanout == (12, 3) and cfg.narrow.max_age_days == 28.0
+    assert cfg.narrow.edge_drop == TrainConfig().narrow.edge_drop and cfg.broad == TrainConfig().broad  # the rest kept
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg  # a checkpoint's config reads back
+    with pytest.raises(ValueError, match="fanot"):
+        with_overrides(TrainConfig(), {"broad": {"fanot": [4]}})
+    with pytest.raises(ValueError, match="name"):
+        with_overrides(TrainConfig(), {"narrow": {"name": "broad"}})
