@@ -56,3 +56,17 @@ def test_resume_matches_multi_partition_keys():
     done = succeeded(instance, "adapter_job", tags)
     assert key in done
     assert dg.MultiPartitionKey({"window": "w0", "objective": "purchase"}) not in done
+
+
+def test_step_times_reads_each_partitions_latest_successful_run():
+    from dagster_project.step_times import run_steps
+
+    instance = dg.DagsterInstance.ephemeral()
+    tags = {"hir/demo": "true", "hir/storage": "/a"}
+    assert launch(instance, "w0", False, tags)
+    assert not launch(instance, "w1", True, tags)  # failed: not read
+    assert launch(instance, "w0", False, tags)  # a rerun of w0: the latest counts, once
+    runs = run_steps(instance, "window_job", tags)
+    assert [r.partition for r in runs] == ["w0"]
+    assert set(runs[0].steps) == {"step"} and 0 <= runs[0].steps["step"] <= runs[0].wall_s
+    assert run_steps(instance, "window_job", {"hir/storage": "/b"}) == []
