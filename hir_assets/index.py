@@ -20,8 +20,11 @@ from hir_model.rank.fit import WEIGHTS
 from hir_model.rank.head import HeadConfig
 from hir_model.rank.ranking_head import build_head_state
 from hir_model.rank.state import HEAD_ASSET, HeadState, write_head
+from hir_model.rank.track import TRACK_WEIGHTS
 from hir_model.retrieval import BOM_ASSET, IndexConfig
 from hir_model.train.checkpoint import ENCODER_ASSET
+
+PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 
 GROUP = "index"
 TOKENS_PER_LEVEL_CHECK = "token_per_level"
@@ -36,9 +39,10 @@ RECALL_THRESHOLD = 0.9  # the bom_index recall check's default threshold (the as
 class RankingHeadRun(Overrides):
     """Overrides of HeadConfig (hir_model.rank.head), where the defaults and their meaning are declared."""
 
-    zero_means_none: ClassVar[frozenset[str]] = frozenset({"calibrate_days", "cold_prior_days"})
+    zero_means_none: ClassVar[frozenset[str]] = frozenset({"calibrate_days", "cold_prior_days", "track_min_users"})
     prior_weight: Optional[float] = None  # the item prior's weight where it is not fitted; 0: no prior
     calibrate_days: Optional[float] = None  # the prior's weight fitted on the window's last days; 0: not fitted
+    track_min_users: Optional[int] = None  # judged users the earlier heads' track must hold to set the weights; 0: never
     recent_weight: Optional[float] = None  # a warm user's query: the recent items' share; 0: the published row alone
     kernel_weight: Optional[float] = None  # a warm user's score: the interest kernel's share; 0: off
     cold_structure_weight: Optional[float] = None  # a cold user's score: the structural readout's share; 0: off
@@ -86,8 +90,8 @@ def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
     norms = np.linalg.norm(state.vectors, axis=1) if state.n_items else np.ones(0)
     off_unit = int((np.abs(norms - 1) > 1e-3).sum())
     fitted = state.calibration is not None
-    grid = WEIGHTS if fitted else (state.config.prior_weight,)
-    in_grid = any(np.isclose(state.prior_weight, w) for w in grid)
+    grid = TRACK_WEIGHTS if state.prior_source == "track" else WEIGHTS if fitted else (state.config.prior_weight,)
+    in_grid = all(any(np.isclose(v, w) for w in grid) for v in (state.prior_weight, state.rows_prior_weight))
     shares = [state.config.recent_weight, state.config.kernel_weight, state.config.cold_structure_weight]
     history_ok = bool(len(state.history.item) == 0 or (state.history.item.max() < state.n_items and state.history.ts.max() < state.end_us))
     return [
@@ -97,9 +101,11 @@ def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
          f"before the window's end: {history_ok}", {"items": state.n_items, "not_unit_norm": off_unit,
                                                      "users": int(state.history.n_users)}),
         (HEAD_WEIGHTS_CHECK, in_grid and all(0 <= s <= 1 for s in shares),
-         f"prior weight {state.prior_weight:g} {'fitted from' if fitted else 'configured, in'} {list(grid)}; shares "
-         f"recent/kernel/cold-structure {shares}", {"prior_weight": float(state.prior_weight),
-                                                    "calibration_users": state.calibration.users if fitted else 0}),
+         f"prior weight {state.prior_weight:g} (beside the rows alone {state.rows_prior_weight:g}) from "
+         f"{state.prior_source}, in {list(grid)}; shares recent/kernel/cold-structure {shares}",
+         {"prior_weight": float(state.prior_weight), "rows_prior_weight": float(state.rows_prior_weight),
+          "calibration_users": state.calibration.users if fitted else 0,
+          "track_users": sum(r.users for r in state.track)}),
     ]
 
 
@@ -109,24 +115,29 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
         (HEAD_FINITE_CHECK, "every vector, prior and structural encoding the head scores with is finite"),
         (HEAD_COVERAGE_CHECK, "every item the window knows has a unit vector; the history only holds those items, "
                               "before the window's end"),
-        (HEAD_WEIGHTS_CHECK, "the prior's weight is one of the calibration grid's (or the configured one); shares in [0, 1]"))]
+        (HEAD_WEIGHTS_CHECK, "the prior's weights are in the grid of what chose them (the track record's, the held-out "
+                             "calibration's, or the configured one); shares in [0, 1]"))]
 
     @dg.asset(name=HEAD_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=head_specs,
               backfill_policy=dg.BackfillPolicy.multi_run(1),
-              deps=[EVENTS_ASSET, CATALOG_ASSET, GRAPH_ASSET, ENCODER_ASSET, EMBEDDINGS_ASSET])
+              deps=[EVENTS_ASSET, CATALOG_ASSET, GRAPH_ASSET, ENCODER_ASSET, EMBEDDINGS_ASSET,
+                    dg.AssetDep(HEAD_ASSET, partition_mapping=PREVIOUS)])  # head(t-1)'s track record, judged on t
     def ranking_head(context: dg.AssetExecutionContext, config: RankingHeadRun, storage: PartitionStorage) -> dg.MaterializeResult:
         """The state HIR's ranking head scores with at the window's end: items' vectors and priors, fitted weights, history."""
         window, store = window_of(context), storage.store()
         state = publish_head(store, spec_at_load, window.key, config.head_config())
         checks = head_checks(state)
         context.log.info(f"ranking head {window.key}: {state.n_items} items, {state.history.n_users} users, prior weight "
-                         f"{state.prior_weight:g}")
+                         f"{state.prior_weight:g} (rows alone {state.rows_prior_weight:g}) from {state.prior_source}, "
+                         f"track of {len(state.track)} windows, {sum(r.users for r in state.track)} users")
         summary = state.summary()
         return dg.MaterializeResult(
             check_results=[dg.AssetCheckResult(asset_key=HEAD_ASSET, check_name=n, passed=bool(ok), description=d, metadata=m)
                            for n, ok, d, m in checks],
             metadata={"dagster/row_count": state.n_items, "users": summary["users"], "events": summary["events"],
-                      "prior_weight": float(state.prior_weight), "temp": float(state.temp),
+                      "prior_weight": float(state.prior_weight), "rows_prior_weight": float(state.rows_prior_weight),
+                      "prior_source": state.prior_source, "track_users": sum(r.users for r in state.track),
+                      "temp": float(state.temp),
                       "structural_readout": summary["structural_readout"], "cold_prior": summary["cold_prior"],
                       "calibration": dg.MetadataValue.json(summary["calibration"] or {}),
                       "config": dg.MetadataValue.json(summary["config"]),

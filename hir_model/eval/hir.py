@@ -5,8 +5,9 @@
   does not know (first seen in t+1) are never served. Its top `depth` items are the ranking; the rest rank after them.
 - `hir_exact`: the head over every item (items first seen in t+1 through the encoder's single-token path, at the
   priors' floor): what the served path approximates.
-- `hir_embeddings`: the published rows (encoder vectors for cold users) plus the item prior, no recent items, no
-  kernel, no structural readout: what the learned representation carries on its own.
+- `hir_embeddings`: the published rows (encoder vectors for cold users) plus the item prior at its own weight
+  (HeadState.rows_prior_weight), no recent items, no kernel, no structural readout: what the learned representation
+  carries on its own.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class HeadMethod:
         """The head's items plus the item space's items first seen in t+1 (cached per item space)."""
         if self._items is None or self._items[0] is not items.ids:
             new = self.inductive.item_vectors(items)[items.n_known:] if len(items) > items.n_known else None
-            self._items = (items.ids, self.rec.state.items(self.config, new))
+            state = self.rec.state
+            weight = state.rows_prior_weight if self.mode == "embeddings" else None  # each score's own fitted weight
+            self._items = (items.ids, state.items(self.config, new, prior_weight=weight))
         return self._items[1]
 
     def score(self, queries: Queries, items: ItemSpace) -> np.ndarray:

@@ -7,6 +7,7 @@
   the prior from graph(t) at the cut, and keeps the candidate weight with the best deep-funnel Recall@k on the held-out
   events (their earlier items excluded, as in the evaluation). Published rows have seen the held-out days, so the
   calibration scores the recent-items part alone (the recent-items query and the kernel, in the score's shares).
+  Once earlier heads have a track record (hir_model.rank.track), the weights come from it instead.
 - The new users' prior: a cold user is new, and what new users engage with first is not what everyone engages with (on
   MovieLens, the films a sign-up is asked to rate). `new_user_engagement` counts, per item, the engagements made in
   their users' first days, stage-weighted and decayed from end(t).

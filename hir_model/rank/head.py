@@ -44,6 +44,8 @@ class HeadConfig:
     cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) x encoder vector.v + s x structural readout; 0: off
     prior_weight: float = 1.0  # the item prior's weight in the training's logit units; where calibration fits none
     calibrate_days: float | None = 7.0  # fit the prior's weight on window t's last days (hir_model.rank.fit); None: off
+    track_min_users: int | None = 100  # once earlier heads' track records (hir_model.rank.track) hold this many judged
+    # users, the prior's weights come from them instead of the held-out fit; None: the fit only
     cold_prior_days: float | None = 7.0  # cold users' prior: engagements in their users' first days; None: the warm prior
     cold_prior_weight: float = 0.7  # in the training's logit units, like prior_weight
     cold_prior_half_life_days: float = 30.0  # the new users' prior decays engagements from end(t) at this half-life
@@ -58,6 +60,8 @@ class HeadConfig:
                     "cold_prior_days": self.cold_prior_days}
         if any(v is not None and v <= 0 for v in positive.values()):
             raise ValueError(f"{', '.join(positive)} must be > 0 (or None where optional), got {positive}")
+        if self.track_min_users is not None and self.track_min_users < 1:
+            raise ValueError(f"track_min_users must be >= 1 (or None: off), got {self.track_min_users}")
         if self.prior_weight < 0 or self.cold_prior_weight < 0 or self.deep_weight <= 0:
             raise ValueError(f"prior_weight and cold_prior_weight must be >= 0 and deep_weight > 0, got {self.prior_weight}, "
                              f"{self.cold_prior_weight}, {self.deep_weight}")

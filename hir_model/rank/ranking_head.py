@@ -1,20 +1,26 @@
 """One window's ranking-head state from the published tables (what the `ranking_head` asset computes): window t's
 engagement history (raw_events <= t), the items catalog(t) knows by end(t), the published rows, graph(t) and the
-checkpoint's temperature. Nothing of t+1 is read."""
+checkpoint's temperature; and head(t-1) with the rows of t-1, judged on window t (the prior's track record). Nothing of
+t+1 is read."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import WindowSpec
-from hir_model.protocol.split import CATALOG_COLUMNS, EVENT_COLUMNS, SplitConfig, build_train, to_us
+from hir_model.embed.entities import EMBEDDINGS_ASSET
+from hir_model.embed.entity_embeddings import load_embeddings
+from hir_model.protocol.split import CATALOG_COLUMNS, EVENT_COLUMNS, Interactions, SplitConfig, build_train, to_us
 from hir_model.rank.artefacts import load_artefacts, missing_artefacts
 from hir_model.rank.head import HeadConfig
 from hir_model.rank.inductive import InductiveEncoder
-from hir_model.rank.state import HeadState, fit_head
+from hir_model.rank.recommender import user_rows
+from hir_model.rank.state import HEAD_ASSET, HeadState, fit_head, read_head
+from hir_model.rank.track import TrackRecord, track_record
 
 
 def history_table(store, spec: WindowSpec, key: str, config: SplitConfig = SplitConfig()) -> tuple[pa.Table, list[str]]:
@@ -50,5 +56,28 @@ def build_head_state(store, spec: WindowSpec, key: str, config: HeadConfig = Hea
     graph = inductive.artefacts.graph
     nodes = inductive.item_nodes(items)
     strength_at = None if graph is None else (lambda cut: graph.strength_at(nodes, cut))
+    track = head_track(store, spec, key, train, items.ids, config) if config.track_min_users is not None else ()
     return fit_head(train, items.ids, np.array([types[i] for i in items.ids], object), inductive.item_vectors(items),
-                    strength_at, inductive.artefacts.prior_scale, inductive.item_structure(items), config)
+                    strength_at, inductive.artefacts.prior_scale, inductive.item_structure(items), config, track)
+
+
+def head_track(store, spec: WindowSpec, key: str, train: Interactions, item_ids: np.ndarray,
+               config: HeadConfig) -> tuple[TrackRecord, ...]:
+    """The track records head(t) weighs its prior by (hir_model.rank.track): head(t-1)'s, and head(t-1) judged on
+    window t's engagements in `train` (events < end(t)) with its users' rows of entity_embeddings(t-1); () when t-1 has
+    no published head or rows."""
+    prev = spec.previous(spec.window(key))
+    if prev is None or not store.exists(HEAD_ASSET, prev.key) or not store.exists(EMBEDDINGS_ASSET, prev.key):
+        return ()
+    state = read_head(store.partition_dir(HEAD_ASSET, prev.key))
+    if state.log_prior is None:
+        return state.track
+    rows, has = user_rows(load_embeddings(store, prev.key), state.history.user_ids)
+    new = train.ts >= state.end_us
+    pos = np.searchsorted(state.item_ids, item_ids[train.item[new]])
+    pos = np.minimum(pos, state.n_items - 1)
+    found = state.item_ids[pos] == item_ids[train.item[new]]  # items head(t-1) knew
+    later = pd.DataFrame({"user_id": train.user_ids[train.user[new]][found], "item": pos[found],
+                          "deep": train.deep[new][found]})
+    record = track_record(state.history, state.vectors, state.log_prior, rows, has, config, later, key)
+    return state.track + ((record,) if record is not None else ())

@@ -8,7 +8,9 @@ Files under `ranking_head/<t>/`:
   users take the warm prior), `structure` (structural encodings; null when the encoder reads none).
 - `history.parquet`: every engagement before end(t) on those items (`user_id`, `entity_id`, `ts`, `deep`): each warm
   user's recent-items state and what they already engaged with.
-- `head.json`: the head's settings, the fitted prior weight (and its calibration), the checkpoint's temperature.
+- `head.json`: the head's settings, the prior's weights (the head's and the published rows' alone), where they came
+  from (the earlier heads' track records, hir_model.rank.track, or the held-out calibration), the checkpoint's
+  temperature.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from data_contracts.head import HEAD_HISTORY_SCHEMA, HEAD_ITEMS_SCHEMA
 from hir_model.protocol.split import Interactions
 from hir_model.rank.fit import WEIGHTS, PriorCalibration, fit_prior_weight, floored_log, new_user_engagement
 from hir_model.rank.head import HeadConfig, ItemSide
+from hir_model.rank.track import TrackRecord, pooled_weight
 
 HEAD_ASSET = "ranking_head"
 ITEMS_FILE, HISTORY_FILE, HEAD_FILE = "items", "history", "head.json"
@@ -44,24 +47,35 @@ class HeadState:
     log_prior: np.ndarray | None  # (N,) float32 temp x log prior (weight 1); None: no prior
     cold_log_prior: np.ndarray | None  # (N,) float32 temp x log new users' prior (weight 1); None: cold users take log_prior
     structure: np.ndarray | None  # (N, S) float32; None: no structural readout
-    prior_weight: float  # what multiplies log_prior (fitted on window t's last days, else config.prior_weight)
+    prior_weight: float  # what multiplies log_prior in the head's score (prior_source says how it was chosen)
     temp: float  # the checkpoint's engagement temperature (0: none recorded, no prior)
     history: Interactions  # engagements before end(t) on these items
     calibration: PriorCalibration | None = None
     prior_floor: float = 0.0  # log_prior of an item nobody engaged with (items first seen after t take it too)
     cold_prior_floor: float = 0.0  # the same for cold_log_prior
+    embeddings_prior_weight: float | None = None  # the weight beside the published rows alone (None: prior_weight)
+    prior_source: str = "config"  # "track" (earlier heads' track records), "fit" (held-out days) or "config"
+    track: tuple[TrackRecord, ...] = ()  # the track records of the heads before this one, oldest first
+
+    @property
+    def rows_prior_weight(self) -> float:
+        """The prior's weight beside the published rows alone (the `hir_embeddings` row)."""
+        return self.prior_weight if self.embeddings_prior_weight is None else self.embeddings_prior_weight
 
     @property
     def n_items(self) -> int:
         return len(self.item_ids)
 
-    def items(self, config: HeadConfig | None = None, new_vectors: np.ndarray | None = None) -> ItemSide:
-        """The item side `head_scores` reads, with this state's weights (config: e.g. `embeddings_only()`; None: own);
-        `new_vectors` (M, W): items first seen after t appended (at the priors' floors, outside graph(t))."""
+    def items(self, config: HeadConfig | None = None, new_vectors: np.ndarray | None = None,
+              prior_weight: float | None = None) -> ItemSide:
+        """The item side `head_scores` reads, with this state's weights (config: e.g. `embeddings_only()`; None: own;
+        prior_weight: None, the head's); `new_vectors` (M, W): items first seen after t appended (at the priors' floors,
+        outside graph(t))."""
         c, m = config or self.config, 0 if new_vectors is None else len(new_vectors)
         extend = lambda x, fill: x if not m else np.concatenate([x, np.full((m,) + x.shape[1:], fill, x.dtype)])  # noqa: E731
         vectors = self.vectors if not m else np.concatenate([self.vectors, np.asarray(new_vectors, np.float32)])
-        prior = None if self.log_prior is None else (self.prior_weight * extend(self.log_prior, self.prior_floor)).astype(np.float32)
+        weight = self.prior_weight if prior_weight is None else prior_weight
+        prior = None if self.log_prior is None else (weight * extend(self.log_prior, self.prior_floor)).astype(np.float32)
         cold = None
         if self.cold_log_prior is not None and self.prior_weight and c.cold_prior_days is not None and c.cold_structure_weight:
             cold = (c.cold_prior_weight * extend(self.cold_log_prior, self.cold_prior_floor)).astype(np.float32)
@@ -75,14 +89,18 @@ class HeadState:
                 "events": int(len(self.history.user)), "prior": self.log_prior is not None,
                 "cold_prior": self.cold_log_prior is not None, "structural_readout": self.structure is not None,
                 "calibration": None if self.calibration is None else self.calibration.as_dict(),
-                "weight_grid": list(WEIGHTS)}
+                "weight_grid": list(WEIGHTS), "embeddings_prior_weight": self.rows_prior_weight,
+                "prior_source": self.prior_source, "track": [r.as_dict() for r in self.track]}
 
 
 def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, vectors: np.ndarray,
-             strength_at, temp: float, structure: np.ndarray | None, config: HeadConfig = HeadConfig()) -> HeadState:
-    """The state at end(t) from window t alone. `strength_at(cutoff_us)`: (N,) each item's decayed engagement in graph(t)
-    as of a cutoff <= end(t) (None: no graph, no prior); `temp`: the checkpoint's engagement temperature (0: no prior);
-    `structure`: the items' structural encodings when the encoder reads them."""
+             strength_at, temp: float, structure: np.ndarray | None, config: HeadConfig = HeadConfig(),
+             track: tuple[TrackRecord, ...] = ()) -> HeadState:
+    """The state at end(t) from window t and the earlier heads' `track` records. `strength_at(cutoff_us)`: (N,) each
+    item's decayed engagement in graph(t) as of a cutoff <= end(t) (None: no graph, no prior); `temp`: the checkpoint's
+    engagement temperature (0: no prior); `structure`: the items' structural encodings when the encoder reads them.
+    The prior's weights: from the track once it holds `config.track_min_users` judged users, else the held-out fit,
+    else `config.prior_weight`."""
     if len(item_ids) != train.n_items or len(vectors) != train.n_items:
         raise ValueError(f"{len(item_ids)} item ids and {len(vectors)} vectors for {train.n_items} items of the history")
 
@@ -99,11 +117,18 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
     if prior is not None and structure is not None and config.cold_prior_days is not None and config.cold_structure_weight:
         cold = floored_log(new_user_engagement(train, config.cold_prior_days, config.cold_prior_half_life_days,
                                                config.deep_weight), temp)
-    weight = calibration.weight if calibration is not None else config.prior_weight
+    weight, rows_weight, source = config.prior_weight, None, "config"
+    if calibration is not None:
+        weight, source = calibration.weight, "fit"
+    if prior is not None and config.track_min_users is not None and config.prior_weight:
+        head_w = pooled_weight(list(track), "exact", config.track_min_users)
+        if head_w is not None:
+            weight, rows_weight, source = head_w, pooled_weight(list(track), "embeddings", config.track_min_users), "track"
     return HeadState(train.window, train.end_us, config, np.asarray(item_ids, object), np.asarray(item_types, object),
                      np.asarray(vectors, np.float32), None if prior is None else prior[0], None if cold is None else cold[0],
                      None if structure is None else np.asarray(structure, np.float32), float(weight), float(temp), train,
-                     calibration, 0.0 if prior is None else prior[1], 0.0 if cold is None else cold[1])
+                     calibration, 0.0 if prior is None else prior[1], 0.0 if cold is None else cold[1],
+                     None if rows_weight is None else float(rows_weight), source, tuple(track))
 
 
 def _matrix_column(x: np.ndarray | None, n: int) -> pa.Array:
@@ -173,5 +198,7 @@ def read_head(folder: Path) -> HeadState:
                      np.asarray(items["entity_type"].to_pylist(), object), np.ascontiguousarray(vectors, np.float32),
                      _optional_vector(items["log_prior"]), _optional_vector(items["cold_log_prior"]),
                      _optional_matrix(items["structure"]), float(meta["prior_weight"]), float(meta["temp"]), history, calibration,
-                     float(meta["prior_floor"]), float(meta["cold_prior_floor"]))
+                     float(meta["prior_floor"]), float(meta["cold_prior_floor"]), meta.get("embeddings_prior_weight"),
+                     meta.get("prior_source", "fit" if calibration is not None else "config"),
+                     tuple(TrackRecord.from_dict(r) for r in meta.get("track", ())))
 

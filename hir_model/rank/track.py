@@ -1,0 +1,89 @@
+"""The prior's weight from the head's own track record.
+
+At end(t) the heads of earlier windows have been judged by what came after them: head(s) with its users' published rows
+ranked window s+1's deep-funnel engagements, exactly as the evaluation judges a window. `track_record` scores head(t-1)
+on window t's events at every candidate weight, once for the head's full score (`exact`) and once for the published
+rows plus the prior (`embeddings`); each head publishes the records of the windows before it, and `pooled_weight` keeps,
+per score, the weight with the best Recall@k pooled over those records' users. Unlike the held-out fit
+(hir_model.rank.fit), the rows take part: they never saw the days that judge them. Nothing after end(t) is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from hir_model.protocol.metrics import Ragged, ranking_metrics
+from hir_model.protocol.split import Interactions, warm_group
+from hir_model.rank.head import HeadConfig, warm_scores
+
+TRACK_WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # candidate prior weights (training logit units)
+TRACK_MODES = ("exact", "embeddings")  # the head's full score; the published rows plus the prior
+
+
+@dataclass(frozen=True)
+class TrackRecord:
+    window: str  # s: the head that ranked
+    next_window: str  # s + 1: whose events judged it
+    users: int  # warm users with deep-funnel targets scored (at most max_users, a seeded sample)
+    recall: dict[str, dict[float, float]]  # mode -> candidate weight -> mean Recall@k over those users
+
+    def as_dict(self) -> dict:
+        return {"window": self.window, "next_window": self.next_window, "users": self.users,
+                "recall": {m: {str(w): round(r, 5) for w, r in by_w.items()} for m, by_w in self.recall.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrackRecord:
+        return cls(d["window"], d["next_window"], int(d["users"]),
+                   {m: {float(w): float(r) for w, r in by_w.items()} for m, by_w in d["recall"].items()})
+
+
+def track_record(history: Interactions, vectors: np.ndarray, log_prior: np.ndarray, rows: np.ndarray, has_row: np.ndarray,
+                 config: HeadConfig, later: pd.DataFrame, next_window: str, k: int = 20, max_users: int = 2000,
+                 chunk: int = 512, seed: int = 0, weights: tuple[float, ...] = TRACK_WEIGHTS) -> TrackRecord | None:
+    """How head(s) ranked window s+1 at each weight. `history`, `vectors`, `log_prior` (weight 1): head(s)'s state;
+    `rows`, `has_row`: the published rows of history.user_ids; `later`: window s+1's engagements (user_id, item: a row of
+    head(s)'s items, deep). Users with a row and a deep-funnel target not engaged with before are scored, their history
+    the context and excluded (as the evaluation does); None when there are none."""
+    known = pd.Index(history.user_ids).get_indexer(later.user_id)
+    later = later[(known >= 0) & has_row[np.maximum(known, 0)]]
+    if not len(later):
+        return None
+    group = warm_group(history, later)
+    targets = group.deep_funnel
+    scored = np.flatnonzero(targets.sizes > 0)
+    if not len(scored):
+        return None
+    if len(scored) > max_users:
+        scored = np.sort(np.random.default_rng(seed).choice(scored, max_users, replace=False))
+    sums = {m: np.zeros(len(weights)) for m in TRACK_MODES}
+    configs = {"exact": config, "embeddings": config.embeddings_only()}
+    for lo in range(0, len(scored), chunk):
+        sel = scored[lo:lo + chunk]
+        queries = group.queries.take(sel)
+        ptr, pos = targets.gather(sel)
+        deep = Ragged(ptr, targets.idx[pos])
+        exclude = Ragged(queries.context.ptr, queries.context.idx)
+        user_rows = rows[queries.user_index]
+        for mode, cfg in configs.items():
+            base = warm_scores(queries, vectors, user_rows, cfg)
+            for i, w in enumerate(weights):
+                recall = ranking_metrics(base + np.float32(w) * log_prior[None, :], deep, exclude, recall_ks=(k,),
+                                         ndcg_ks=(k,)).recall[k]
+                sums[mode][i] += recall * len(sel)
+    return TrackRecord(history.window, next_window, len(scored),
+                       {m: {w: float(s / len(scored)) for w, s in zip(weights, sums[m])} for m in TRACK_MODES})
+
+
+def pooled_weight(records: list[TrackRecord], mode: str, min_users: int) -> float | None:
+    """The weight with the best Recall@k pooled over the records' users (a tie keeps the one nearest 1); None when they
+    hold fewer than `min_users` users."""
+    users = sum(r.users for r in records)
+    if not records or users < min_users:
+        return None
+    weights = sorted(set.intersection(*(set(r.recall[mode]) for r in records)))
+    pooled = {w: sum(r.recall[mode][w] * r.users for r in records) / users for w in weights}
+    best = max(pooled.values())
+    return min((w for w, v in pooled.items() if v == best), key=lambda w: abs(w - 1.0))
