@@ -37,9 +37,10 @@ decimal: IDF over window t's catalogue instead of the items known by end(t)). Th
     python benchmarks/quality.py --cases movielens --set steps=24   # HIR on every MovieLens window, one override
     python benchmarks/quality.py --store .hir/storage/movielens   # HIR beside the baselines on a materialised store
     python benchmarks/quality.py --quick --cases movielens --prior-weight 0   # HIR's scores without the item prior
-    python benchmarks/quality.py --quick --cases movielens --calibrate-days 0 --recent-weight 0 --kernel-weight 0
-                                            # HIR ranked by its published rows alone, the prior at weight 1
-                                            # (no recent items, no interest kernel, no fit)
+    python benchmarks/quality.py --quick --cases movielens --calibrate-days 0 --track-min-users 0 --recent-weight 0 \
+        --kernel-weight 0                   # HIR ranked by its published rows alone, the prior at weight 1
+                                            # (no recent items, no interest kernel, no fit, no track record)
+    python benchmarks/quality.py --quick --cases movielens --skip-last 4 --track-min-users 0   # the held-out fit's weights
     python benchmarks/quality.py --quick --cases movielens --cold-structure-weight 0   # cold users by the encoder alone
     python benchmarks/quality.py --quick --cases movielens --skip-last 4   # the 8 MovieLens windows before the last 4
                                             # evaluated ones: for choices that must not be made on the reported windows
@@ -275,6 +276,9 @@ def main() -> None:
                                                            "(hir_model.rank.head; 0: the plain dot product)")
     parser.add_argument("--calibrate-days", type=float,
                         help="fit the prior's weight on each window's last days (hir_model.rank.fit; 0: off)")
+    parser.add_argument("--track-min-users", type=int,
+                        help="judged users the earlier heads' track record must hold to set the prior's weights "
+                             "(hir_model.rank.track; 0: never, the held-out fit)")
     parser.add_argument("--recent-weight", type=float,
                         help="a warm user's query: (1 - w) * published row + w * recent items (0: the row alone)")
     parser.add_argument("--kernel-weight", type=float,
@@ -286,7 +290,8 @@ def main() -> None:
     args = parser.parse_args()
     from hir_assets.index import RankingHeadRun
 
-    head = RankingHeadRun(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days, recent_weight=args.recent_weight,
+    head = RankingHeadRun(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days,
+                          track_min_users=args.track_min_users, recent_weight=args.recent_weight,
                           kernel_weight=args.kernel_weight, cold_structure_weight=args.cold_structure_weight,
                           cold_prior_days=args.cold_prior_days).head_config()
     if args.store:
