@@ -138,10 +138,16 @@ class ObjectiveConfig:
     # the entity it engaged with, and the entity its user's (SwAV's swap, the pair as two views of one interest)
     cold_share: float = 0.0  # share of engageable seeds whose student (narrow) view is their own token only (DropoutNet-style
     # cold-start training; off by default, docs/decisions.md)
+    item_pair_share: float = 0.0  # share of the engagement pairs' draw probability given to entity -> entity pairs: two
+    # entities a user engaged with at most item_pair_window distinct entities apart (hir_model.train.data.with_item_pairs)
+    item_pair_window: int = 10
 
     def __post_init__(self) -> None:
         if not 0 <= self.cold_share <= 1:
             raise ValueError(f"cold_share must be in [0, 1], got {self.cold_share}")
+        if not 0 <= self.item_pair_share < 1 or self.item_pair_window < 1:
+            raise ValueError(f"item_pair_share must be in [0, 1) and item_pair_window >= 1, got {self.item_pair_share}, "
+                             f"{self.item_pair_window}")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ class TrainData:
     pair_prob: np.ndarray  # float64 [P] draw probability (deeper funnel stages weighted up)
     content: np.ndarray | None = None  # float32 [N, C] content vector per node (0 where missing)
     has_content: np.ndarray | None = None  # bool [N]
+    pair_ts: np.ndarray | None = None  # int64 [P] each pair's event time (None: not known; no entity -> entity pairs)
 
     @cached_property
     def pair_log_q(self) -> np.ndarray:
@@ -100,9 +101,11 @@ def active_nodes(graph: Graph, cutoff_us: int) -> np.ndarray:
     return nodes[seed_type]
 
 
-def engagement_pairs(graph: Graph, events: Path | pa.Table | None, cutoff_us: int) -> tuple[np.ndarray, ...]:
-    """(user, entity, sign, prob) from raw_events (a parquet path or a table); events at or after the cutoff are dropped."""
-    empty = (np.zeros(0, np.int64),) * 3 + (np.zeros(0),)
+def engagement_pairs(graph: Graph, events: Path | pa.Table | None, cutoff_us: int,
+                     with_ts: bool = False) -> tuple[np.ndarray, ...]:
+    """(user, entity, sign, prob) from raw_events (a parquet path or a table), then the events' times when `with_ts`;
+    events at or after the cutoff are dropped."""
+    empty = (np.zeros(0, np.int64),) * 3 + (np.zeros(0),) + ((np.zeros(0, np.int64),) if with_ts else ())
     if events is None or (not isinstance(events, pa.Table) and not Path(events).exists()):
         return empty
     t = events if isinstance(events, pa.Table) else pq.read_table(events, columns=["user_id", "entity_id", "event_type", "ts"])
@@ -117,7 +120,43 @@ def engagement_pairs(graph: Graph, events: Path | pa.Table | None, cutoff_us: in
     sign = np.array([-1 if e in NEGATIVE_EVENTS else 1 for e in names], np.int64)[code]
     keep = (user >= 0) & (entity >= 0) & (weight > 0)
     w = weight[keep]
-    return user[keep].astype(np.int64), entity[keep].astype(np.int64), sign[keep], w / w.sum() if len(w) else w
+    out = user[keep].astype(np.int64), entity[keep].astype(np.int64), sign[keep], w / w.sum() if len(w) else w
+    return out + ((np.asarray(t.column("ts").cast("int64"), np.int64)[keep],) if with_ts else ())
+
+
+def with_item_pairs(data: TrainData, share: float, window: int) -> TrainData:
+    """`data` with entity -> entity pairs taking `share` of the pairs' draw probability (item2vec over the window's
+    sequences): each user's distinct positively engaged entities, in the order of their first engagement, pair up when
+    at most `window` positions apart, both directions, a pair weighing the product of its entities' summed pair
+    probabilities. The engagement term then pulls entities engaged one after the other together, as it pulls a user
+    and what they engaged with; the kernel of the ranking head reads exactly that similarity. Unchanged when `share`
+    is 0, the times are unknown or no user engaged with two entities."""
+    if share <= 0 or data.pair_ts is None or not len(data.pair_user):
+        return data
+    pos = data.pair_sign > 0
+    n = np.int64(data.graph.num_nodes)
+    uniq, inverse = np.unique(data.pair_user[pos] * n + data.pair_entity[pos], return_inverse=True)
+    first = np.full(len(uniq), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, inverse, data.pair_ts[pos])
+    weight = np.bincount(inverse, weights=data.pair_prob[pos], minlength=len(uniq))
+    user, entity = uniq // n, uniq % n
+    order = np.lexsort((entity, first, user))
+    user, entity, weight, first = user[order], entity[order], weight[order], first[order]
+    src, dst, val, ts = [], [], [], []
+    for d in range(1, window + 1):
+        a = np.flatnonzero(user[:-d] == user[d:])
+        b = a + d
+        src += [entity[a], entity[b]]
+        dst += [entity[b], entity[a]]
+        val += [weight[a] * weight[b]] * 2
+        ts += [first[b]] * 2
+    val_all = np.concatenate(val) if val else np.zeros(0)
+    if not len(val_all) or val_all.sum() <= 0:
+        return data
+    prob = np.concatenate([data.pair_prob * (1 - share), share * val_all / val_all.sum()])
+    return replace(data, pair_user=np.concatenate([data.pair_user, *src]), pair_entity=np.concatenate([data.pair_entity, *dst]),
+                   pair_sign=np.concatenate([data.pair_sign, np.ones(len(val_all), np.int64)]), pair_prob=prob,
+                   pair_ts=np.concatenate([data.pair_ts, *ts]))
 
 
 def content_by_node(graph: Graph, content_path: Path | None) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -141,9 +180,9 @@ def load_train_data(graph_dir: Path, events: Path | None = None, content: Path |
                     cutoff_us: int | None = None) -> TrainData:
     graph = load_graph(Path(graph_dir))
     cutoff = graph.as_of_us if cutoff_us is None else int(cutoff_us)
-    user, entity, sign, prob = engagement_pairs(graph, events, cutoff)
+    user, entity, sign, prob, ts = engagement_pairs(graph, events, cutoff, with_ts=True)
     mat, has = content_by_node(graph, content)
-    return TrainData(graph, cutoff, active_nodes(graph, cutoff), user, entity, sign, prob, mat, has)
+    return TrainData(graph, cutoff, active_nodes(graph, cutoff), user, entity, sign, prob, mat, has, ts)
 
 
 def with_content(batch: SampledBatch, data: TrainData, structure_dim: int = 0) -> SampledBatch:

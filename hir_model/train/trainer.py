@@ -25,7 +25,7 @@ from torch import Tensor
 from hir_model.graph.types import NODE_TYPES
 from hir_model.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hir_model.train.config import TrainConfig, lr_schedule, momentum_schedule, set_fields
-from hir_model.train.data import PairBatch, TrainData, pair_order, step_batch
+from hir_model.train.data import PairBatch, TrainData, pair_order, step_batch, with_item_pairs
 from hir_model.train.loader import NodeTables, Prefetcher, ProcessPrefetcher, ReadyStep, can_fork, lean_inputs
 from hir_model.train.loss import (
     DistillationLoss,
@@ -272,6 +272,7 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
     if world > 1:
         cfg = set_fields(cfg, shards=world)
     cfg = set_fields(cfg, steps=cfg.budget.window_steps(len(data.pair_user)))  # an epoch budget fixes the window's step count here
+    data = with_item_pairs(data, cfg.objective.item_pair_share, cfg.objective.item_pair_window)
     torch.manual_seed(cfg.runtime.seed)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
