@@ -20,6 +20,7 @@ from hir_model.protocol.split import Interactions, warm_group
 from hir_model.rank.head import HeadConfig, warm_scores
 
 TRACK_WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # candidate prior weights (training logit units)
+TRACK_CELLS = 1 << 25  # users x items scored at once (128 MB a float32 matrix: 170 users at 200k items)
 TRACK_MODES = ("exact", "embeddings")  # the head's full score; the published rows plus the prior
 
 
@@ -60,6 +61,7 @@ def track_record(history: Interactions, vectors: np.ndarray, log_prior: np.ndarr
         scored = np.sort(np.random.default_rng(seed).choice(scored, max_users, replace=False))
     sums = {m: np.zeros(len(weights)) for m in TRACK_MODES}
     configs = {"exact": config, "embeddings": config.embeddings_only()}
+    chunk = max(1, min(chunk, TRACK_CELLS // max(len(vectors), 1)))  # (chunk, items) float32 score matrices stay small
     for lo in range(0, len(scored), chunk):
         sel = scored[lo:lo + chunk]
         queries = group.queries.take(sel)
