@@ -28,6 +28,7 @@ from hir_model.protocol.split import Interactions, UserGroup, warm_group
 from hir_model.rank.head import HeadConfig, warm_scores
 
 WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # candidate prior weights (1: the training's logit units)
+FIT_CELLS = 1 << 25  # held-out users x items scored at once (128 MB a float32 matrix: 170 users at 200k items)
 
 
 def floored_log(engagement: np.ndarray, temp: float) -> tuple[np.ndarray, float] | None:
@@ -67,11 +68,12 @@ def held_out_split(train: Interactions, cut_us: int) -> UserGroup | None:
 
 def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at: Callable[[int], np.ndarray | None],
                      config: HeadConfig, min_users: int = 20, k: int = 20,
-                     weights: tuple[float, ...] = WEIGHTS) -> PriorCalibration | None:
+                     weights: tuple[float, ...] = WEIGHTS, max_users: int = 2000, seed: int = 0) -> PriorCalibration | None:
     """The candidate prior weight with the best held-out deep-funnel Recall@k (module docstring); None when fewer than
     `min_users` users have held-out deep-funnel targets. `item_vectors`: (n_items, W) rows of train's items; `log_prior_at(cut_us)`:
     (n_items,) temp x log prior of the same items as of the cut (weight 1), None when no item is engaged by then.
-    The held-out users are ranked by `warm_scores` without their rows (the kernel's share and temperature of `config`)."""
+    The held-out users with deep-funnel targets (at most `max_users`, a seeded sample) are ranked by `warm_scores`
+    without their rows (the kernel's share and temperature of `config`), at most FIT_CELLS user x item scores at once."""
     cut = int(train.end_us - config.calibrate_days * US_PER_DAY)
     group = held_out_split(train, cut)
     users = 0 if group is None else int((group.deep_funnel.sizes > 0).sum())
@@ -80,12 +82,22 @@ def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at
     prior = log_prior_at(cut)
     if prior is None:  # nothing engaged before the cut: no prior to weigh
         return None
-    queries = group.queries
     vectors = item_vectors[:train.n_items]
-    base = warm_scores(queries, vectors, None, config)
-    exclude = Ragged(queries.context.ptr, queries.context.idx)
-    recall = {w: ranking_metrics(base + w * prior[None, :], group.deep_funnel, exclude, recall_ks=(k,), ndcg_ks=(k,)).recall[k]
-              for w in weights}
+    judged = np.flatnonzero(group.deep_funnel.sizes > 0)  # the others have no target: they never count
+    if len(judged) > max_users:
+        judged = np.sort(np.random.default_rng(seed).choice(judged, max_users, replace=False))
+    per_user = {w: [] for w in weights}
+    step = max(1, FIT_CELLS // max(len(vectors), 1))
+    for lo in range(0, len(judged), step):
+        sel = judged[lo:lo + step]
+        queries = group.queries.take(sel)
+        ptr, pos = group.deep_funnel.gather(sel)
+        base = warm_scores(queries, vectors, None, config)
+        exclude = Ragged(queries.context.ptr, queries.context.idx)
+        for w in weights:
+            per_user[w].append(ranking_metrics(base + w * prior[None, :], Ragged(ptr, group.deep_funnel.idx[pos]), exclude,
+                                               recall_ks=(k,), ndcg_ks=(k,)).per_user[f"recall@{k}"])
+    recall = {w: float(np.mean(np.concatenate(v))) for w, v in per_user.items()}
     best = max(recall.values())
     weight = min((w for w, r in recall.items() if r == best), key=lambda w: abs(w - 1.0))  # a tie keeps the unit weight
     return PriorCalibration(weight, recall, users, cut)

@@ -96,6 +96,17 @@ def test_the_fitted_prior_weight_follows_what_the_held_out_days_reward():
     assert space.as_dict()["weight"] == 0.0 and space.as_dict()["recall"]["0.0"] == 1.0
 
 
+def test_the_fit_scores_a_bounded_block_of_users_at_a_time_and_at_most_max_users(monkeypatch):
+    import hir_model.rank.fit as fit
+
+    train, vectors, log_prior_at, _ = _popularity_world("space")
+    whole = fit_prior_weight(train, vectors, log_prior_at, MEAN, k=1)
+    monkeypatch.setattr(fit, "FIT_CELLS", 3 * len(vectors))  # three users a block, as at a 200k-item catalogue
+    assert fit_prior_weight(train, vectors, log_prior_at, MEAN, k=1) == whole
+    sampled = fit_prior_weight(train, vectors, log_prior_at, MEAN, k=1, max_users=25, min_users=20)
+    assert sampled.users == 40 and sampled.weight == whole.weight  # the users it had; 25 of them ranked
+
+
 def test_too_few_held_out_users_fit_nothing():
     train, vectors, log_prior_at, _ = _popularity_world("space", n_users=10)
     assert fit_prior_weight(train, vectors, log_prior_at, MEAN) is None
