@@ -24,7 +24,7 @@ import pandas as pd
 
 from hir_model.protocol.method import US_PER_DAY, decay, event_weights
 from hir_model.protocol.metrics import Ragged, ranking_metrics
-from hir_model.protocol.split import Interactions, UserGroup, warm_group
+from hir_model.protocol.split import Interactions, Queries, UserGroup, warm_group
 from hir_model.rank.head import HeadConfig, warm_scores
 
 WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # candidate prior weights (1: the training's logit units)
@@ -66,6 +66,27 @@ def held_out_split(train: Interactions, cut_us: int) -> UserGroup | None:
     return warm_group(pre, later)
 
 
+def weight_recalls(group: UserGroup, score: Callable[[Queries], np.ndarray], log_prior: np.ndarray,
+                   weights: tuple[float, ...], k: int, max_users: int, seed: int = 0) -> dict[float, np.ndarray]:
+    """Per candidate weight, the deep-funnel Recall@k of `score(queries) + w x log_prior` for each of the group's users
+    with targets (at most `max_users`, a seeded sample), their context excluded, FIT_CELLS scores at a time."""
+    judged = np.flatnonzero(group.deep_funnel.sizes > 0)  # the others have no target: they never count
+    if len(judged) > max_users:
+        judged = np.sort(np.random.default_rng(seed).choice(judged, max_users, replace=False))
+    out = {w: [] for w in weights}
+    step = max(1, FIT_CELLS // max(len(log_prior), 1))
+    for lo in range(0, len(judged), step):
+        sel = judged[lo:lo + step]
+        queries = group.queries.take(sel)
+        ptr, pos = group.deep_funnel.gather(sel)
+        base = score(queries)
+        exclude = Ragged(queries.context.ptr, queries.context.idx)
+        for w in weights:
+            out[w].append(ranking_metrics(base + w * log_prior[None, :], Ragged(ptr, group.deep_funnel.idx[pos]), exclude,
+                                          recall_ks=(k,), ndcg_ks=(k,)).per_user[f"recall@{k}"])
+    return {w: np.concatenate(v) if v else np.zeros(0) for w, v in out.items()}
+
+
 def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at: Callable[[int], np.ndarray | None],
                      config: HeadConfig, min_users: int = 20, k: int = 20,
                      weights: tuple[float, ...] = WEIGHTS, max_users: int = 2000, seed: int = 0) -> PriorCalibration | None:
@@ -83,21 +104,8 @@ def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at
     if prior is None:  # nothing engaged before the cut: no prior to weigh
         return None
     vectors = item_vectors[:train.n_items]
-    judged = np.flatnonzero(group.deep_funnel.sizes > 0)  # the others have no target: they never count
-    if len(judged) > max_users:
-        judged = np.sort(np.random.default_rng(seed).choice(judged, max_users, replace=False))
-    per_user = {w: [] for w in weights}
-    step = max(1, FIT_CELLS // max(len(vectors), 1))
-    for lo in range(0, len(judged), step):
-        sel = judged[lo:lo + step]
-        queries = group.queries.take(sel)
-        ptr, pos = group.deep_funnel.gather(sel)
-        base = warm_scores(queries, vectors, None, config)
-        exclude = Ragged(queries.context.ptr, queries.context.idx)
-        for w in weights:
-            per_user[w].append(ranking_metrics(base + w * prior[None, :], Ragged(ptr, group.deep_funnel.idx[pos]), exclude,
-                                               recall_ks=(k,), ndcg_ks=(k,)).per_user[f"recall@{k}"])
-    recall = {w: float(np.mean(np.concatenate(v))) for w, v in per_user.items()}
+    per_user = weight_recalls(group, lambda q: warm_scores(q, vectors, None, config), prior, weights, k, max_users, seed)
+    recall = {w: float(np.mean(v)) for w, v in per_user.items()}
     best = max(recall.values())
     weight = min((w for w, r in recall.items() if r == best), key=lambda w: abs(w - 1.0))  # a tie keeps the unit weight
     return PriorCalibration(weight, recall, users, cut)

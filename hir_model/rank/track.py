@@ -15,12 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from hir_model.protocol.metrics import Ragged, ranking_metrics
 from hir_model.protocol.split import Interactions, warm_group
+from hir_model.rank.fit import weight_recalls
 from hir_model.rank.head import HeadConfig, warm_scores
 
 TRACK_WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # candidate prior weights (training logit units)
-TRACK_CELLS = 1 << 25  # users x items scored at once (128 MB a float32 matrix: 170 users at 200k items)
 TRACK_MODES = ("exact", "embeddings")  # the head's full score; the published rows plus the prior
 
 
@@ -43,7 +42,7 @@ class TrackRecord:
 
 def track_record(history: Interactions, vectors: np.ndarray, log_prior: np.ndarray, rows: np.ndarray, has_row: np.ndarray,
                  config: HeadConfig, later: pd.DataFrame, next_window: str, k: int = 20, max_users: int = 2000,
-                 chunk: int = 512, seed: int = 0, weights: tuple[float, ...] = TRACK_WEIGHTS) -> TrackRecord | None:
+                 seed: int = 0, weights: tuple[float, ...] = TRACK_WEIGHTS) -> TrackRecord | None:
     """How head(s) ranked window s+1 at each weight. `history`, `vectors`, `log_prior` (weight 1): head(s)'s state;
     `rows`, `has_row`: the published rows of history.user_ids; `later`: window s+1's engagements (user_id, item: a row of
     head(s)'s items, deep). Users with a row and a deep-funnel target not engaged with before are scored, their history
@@ -53,30 +52,14 @@ def track_record(history: Interactions, vectors: np.ndarray, log_prior: np.ndarr
     if not len(later):
         return None
     group = warm_group(history, later)
-    targets = group.deep_funnel
-    scored = np.flatnonzero(targets.sizes > 0)
-    if not len(scored):
+    scored = int((group.deep_funnel.sizes > 0).sum())
+    if not scored:
         return None
-    if len(scored) > max_users:
-        scored = np.sort(np.random.default_rng(seed).choice(scored, max_users, replace=False))
-    sums = {m: np.zeros(len(weights)) for m in TRACK_MODES}
     configs = {"exact": config, "embeddings": config.embeddings_only()}
-    chunk = max(1, min(chunk, TRACK_CELLS // max(len(vectors), 1)))  # (chunk, items) float32 score matrices stay small
-    for lo in range(0, len(scored), chunk):
-        sel = scored[lo:lo + chunk]
-        queries = group.queries.take(sel)
-        ptr, pos = targets.gather(sel)
-        deep = Ragged(ptr, targets.idx[pos])
-        exclude = Ragged(queries.context.ptr, queries.context.idx)
-        user_rows = rows[queries.user_index]
-        for mode, cfg in configs.items():
-            base = warm_scores(queries, vectors, user_rows, cfg)
-            for i, w in enumerate(weights):
-                recall = ranking_metrics(base + np.float32(w) * log_prior[None, :], deep, exclude, recall_ks=(k,),
-                                         ndcg_ks=(k,)).recall[k]
-                sums[mode][i] += recall * len(sel)
-    return TrackRecord(history.window, next_window, len(scored),
-                       {m: {w: float(s / len(scored)) for w, s in zip(weights, sums[m])} for m in TRACK_MODES})
+    recall = {m: weight_recalls(group, lambda q, c=cfg: warm_scores(q, vectors, rows[q.user_index], c), log_prior, weights,
+                                k, max_users, seed) for m, cfg in configs.items()}
+    return TrackRecord(history.window, next_window, min(scored, max_users),
+                       {m: {w: float(np.mean(v)) for w, v in by_w.items()} for m, by_w in recall.items()})
 
 
 def pooled_weight(records: list[TrackRecord], mode: str, min_users: int) -> float | None:

@@ -95,11 +95,12 @@ def test_the_head_takes_its_weights_from_the_track_once_it_holds_enough_users(tm
 
 
 def test_the_record_does_not_depend_on_how_many_users_are_scored_at_once(monkeypatch):
-    import hir_model.rank.track as track
+    import hir_model.rank.fit as fit
 
     history, vectors, log_prior, rows, later = _world("popularity")
     has = np.ones(len(rows), bool)
     whole = track_record(history, vectors, log_prior, rows, has, CONFIG, later, "s+1", k=1)
-    monkeypatch.setattr(track, "TRACK_CELLS", 3 * len(vectors))  # three users a chunk, as at a large catalogue
+    monkeypatch.setattr(fit, "FIT_CELLS", 3 * len(vectors))  # three users a chunk, as at a large catalogue
     assert track_record(history, vectors, log_prior, rows, has, CONFIG, later, "s+1", k=1) == whole
-    assert track_record(history, vectors, log_prior, rows, has, CONFIG, later, "s+1", k=1, chunk=7) == whole
+    monkeypatch.setattr(fit, "FIT_CELLS", 7 * len(vectors))
+    assert track_record(history, vectors, log_prior, rows, has, CONFIG, later, "s+1", k=1) == whole
