@@ -24,3 +24,11 @@ HEAD_HISTORY_SCHEMA = pa.schema(
         pa.field("deep", pa.bool_(), nullable=False),  # a deep-funnel (conversion) event
     ]
 )
+
+HEAD_COENGAGEMENT_SCHEMA = pa.schema(
+    [
+        pa.field("item", pa.int32(), nullable=False),  # a row of the head's items
+        pa.field("neighbour", pa.int32(), nullable=False),  # one of its most co-engaged items (a row), never itself
+        pa.field("similarity", pa.float32(), nullable=False),  # > 0 (hir_model.rank.coengagement)
+    ]
+)

@@ -16,6 +16,7 @@ from hir_model.embed import EMBEDDINGS_ASSET
 from hir_model.graph.window import GRAPH_ASSET
 from hir_model.hierarchy.build import HIERARCHY_ASSET
 from hir_model.rank.bom_index import BomBuild, build_window_index
+from hir_model.rank.coengagement import COENGAGEMENT_WEIGHTS
 from hir_model.rank.fit import WEIGHTS
 from hir_model.rank.head import HeadConfig
 from hir_model.rank.ranking_head import build_head_state
@@ -41,6 +42,8 @@ class RankingHeadRun(Overrides):
 
     zero_means_none: ClassVar[frozenset[str]] = frozenset({"calibrate_days", "cold_prior_days", "track_min_users"})
     prior_weight: Optional[float] = None  # the item prior's weight where it is not fitted; 0: no prior
+    rows_prior_weight: Optional[float] = None  # its weight beside the published rows alone until the track has evidence
+    coengagement_weight: Optional[float] = None  # co-engagement's weight until the track has evidence; 0: none till then
     calibrate_days: Optional[float] = None  # the prior's weight fitted on the window's last days; 0: not fitted
     track_min_users: Optional[int] = None  # judged users the earlier heads' track must hold to set the weights; 0: never
     recent_weight: Optional[float] = None  # a warm user's query: the recent items' share; 0: the published row alone
@@ -90,8 +93,12 @@ def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
     norms = np.linalg.norm(state.vectors, axis=1) if state.n_items else np.ones(0)
     off_unit = int((np.abs(norms - 1) > 1e-3).sum())
     fitted = state.calibration is not None
-    grid = TRACK_WEIGHTS if state.prior_source == "track" else WEIGHTS if fitted else (state.config.prior_weight,)
-    in_grid = all(any(np.isclose(v, w) for w in grid) for v in (state.prior_weight, state.rows_prior_weight))
+    c, track = state.config, state.prior_source == "track"
+    grids = {"prior": (state.prior_weight, TRACK_WEIGHTS if track else WEIGHTS if fitted else (c.prior_weight,)),
+             "rows": (state.rows_prior_weight, TRACK_WEIGHTS if track else (c.rows_prior_weight, state.prior_weight)),
+             "co-engagement": (state.coengagement_weight, (0.0,) + COENGAGEMENT_WEIGHTS if track
+                               else (c.coengagement_weight if state.coengagement is not None else 0.0,))}
+    in_grid = all(any(np.isclose(v, w) for w in grid) for v, grid in grids.values())
     shares = [state.config.recent_weight, state.config.kernel_weight, state.config.cold_structure_weight]
     history_ok = bool(len(state.history.item) == 0 or (state.history.item.max() < state.n_items and state.history.ts.max() < state.end_us))
     return [
@@ -101,9 +108,10 @@ def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
          f"before the window's end: {history_ok}", {"items": state.n_items, "not_unit_norm": off_unit,
                                                      "users": int(state.history.n_users)}),
         (HEAD_WEIGHTS_CHECK, in_grid and all(0 <= s <= 1 for s in shares),
-         f"prior weight {state.prior_weight:g} (beside the rows alone {state.rows_prior_weight:g}) from "
-         f"{state.prior_source}, in {list(grid)}; shares recent/kernel/cold-structure {shares}",
+         f"weights from {state.prior_source}: " + "; ".join(f"{k} {v:g} in {list(g)}" for k, (v, g) in grids.items())
+         + f"; shares recent/kernel/cold-structure {shares}",
          {"prior_weight": float(state.prior_weight), "rows_prior_weight": float(state.rows_prior_weight),
+          "coengagement_weight": float(state.coengagement_weight),
           "calibration_users": state.calibration.users if fitted else 0,
           "track_users": sum(r.users for r in state.track)}),
     ]
@@ -115,8 +123,8 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
         (HEAD_FINITE_CHECK, "every vector, prior and structural encoding the head scores with is finite"),
         (HEAD_COVERAGE_CHECK, "every item the window knows has a unit vector; the history only holds those items, "
                               "before the window's end"),
-        (HEAD_WEIGHTS_CHECK, "the prior's weights are in the grid of what chose them (the track record's, the held-out "
-                             "calibration's, or the configured one); shares in [0, 1]"))]
+        (HEAD_WEIGHTS_CHECK, "the prior's and the co-engagement's weights are in the grid of what chose them (the track "
+                             "record's, the held-out calibration's, or the configured one); shares in [0, 1]"))]
 
     @dg.asset(name=HEAD_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=head_specs,
               backfill_policy=dg.BackfillPolicy.multi_run(1),

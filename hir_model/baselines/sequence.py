@@ -99,6 +99,20 @@ def item_similarity(train: Interactions, config: Item2ItemConfig) -> sp.csr_matr
     return _top_per_row(sim, config.neighbours).astype(np.float32)
 
 
+def context_matrix(queries: Queries, n_known: int, half_life_days: float | None, deep_weight: float) -> sp.csr_matrix:
+    """(Q, n_known) each query's context weight per known item: stage x 2^(-age / half-life), age from the query's own
+    last event, rows summing to 1 (zero for a query without known context items)."""
+    ctx = queries.context
+    row = ctx.row_of
+    last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(last, row, queries.context_ts)
+    w = event_weights(queries.context_deep, deep_weight) * decay(last[row] - queries.context_ts, half_life_days)
+    keep = ctx.idx < n_known
+    m = sp.csr_matrix((w[keep], (row[keep], ctx.idx[keep])), shape=(len(queries), n_known))
+    total = np.asarray(m.sum(1)).ravel()
+    return (sp.diags(np.divide(1.0, total, out=np.zeros(len(total)), where=total > 0)) @ m).tocsr()
+
+
 class Item2ItemRecent:
     """Recency-weighted item-to-item (module docstring)."""
 
@@ -117,17 +131,7 @@ class Item2ItemRecent:
         self.ids = items.ids
 
     def context(self, queries: Queries, n_known: int) -> sp.csr_matrix:
-        """(Q, n_known) each query's context weight per known item: stage x recency from its own last event, rows
-        summing to 1 (zero for a query without known context items)."""
-        c, ctx = self.config, queries.context
-        row = ctx.row_of
-        last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
-        np.maximum.at(last, row, queries.context_ts)
-        w = event_weights(queries.context_deep, c.deep_weight) * decay(last[row] - queries.context_ts, c.half_life_days)
-        keep = ctx.idx < n_known
-        m = sp.csr_matrix((w[keep], (row[keep], ctx.idx[keep])), shape=(len(queries), n_known))
-        total = np.asarray(m.sum(1)).ravel()
-        return sp.diags(np.divide(1.0, total, out=np.zeros(len(total)), where=total > 0)) @ m
+        return context_matrix(queries, n_known, self.config.half_life_days, self.config.deep_weight)
 
     def score(self, queries: Queries, items: ItemSpace) -> np.ndarray:
         if self.similarity is None or self.ids is None:

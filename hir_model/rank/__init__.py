@@ -1,8 +1,10 @@
 """HIR's one ranking head and what serves it (no Dagster here): docs/ranking.md.
 
 head.py         head_scores: the one function that scores items for a user state (warm: row + recent items + interest
-                kernel + item prior; cold: the encoder's vector + structural readout + new users' prior)
+                kernel + item prior + co-engagement; cold: the encoder's vector + structural readout + new users' prior)
 fit.py          the state's fitted parts at end(t): item priors, the prior's weight on window t's last days
+coengagement.py the head's item-to-item co-engagement term (the similarity item2item_recent reads)
+track.py        the weights from earlier heads' track records (head(t-1) judged on window t)
 state.py        HeadState, published per window as the `ranking_head` asset (items, history, head.json)
 ranking_head.py build_head_state from window t's published tables (what the `ranking_head` asset computes)
 artefacts.py    what HIR publishes for window t (embeddings, checkpoint, graph, content), loaded from the store

@@ -19,6 +19,9 @@ published head state (hir_model.rank.state): the items' vectors and priors, the 
   temperature, prior(item) its decayed engagement in graph(t). Cold users take the new users' prior instead (the
   engagements made in their users' first days) where the structural readout applies. Weights and priors are fitted at
   end(t) (hir_model.rank.fit).
+- Co-engagement. Warm users add coengagement_weight x their history's recency-weighted item-to-item co-engagement with
+  the item (hir_model.rank.coengagement): what the sequence says and the vectors carry only in part. Its weight, like
+  the prior's, comes from the earlier heads' track record (hir_model.rank.track).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
+import scipy.sparse as sp
 
 from hir_model.protocol.method import decay, event_weights
 from hir_model.protocol.split import Queries
+from hir_model.rank.coengagement import coengagement_at, coengagement_scores
 
 
 KERNEL_TILE = 4096  # item columns of the interest kernel's soft maximum at once (its (C, tile) temporaries stay in cache)
@@ -43,12 +48,17 @@ class HeadConfig:
     kernel_min_share: float = 1e-3  # recent items below this share of the user's heaviest are left out of the kernel
     cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) x encoder vector.v + s x structural readout; 0: off
     prior_weight: float = 1.0  # the item prior's weight in the training's logit units; where calibration fits none
+    rows_prior_weight: float = 8.0  # its weight beside the published rows alone until the track record has evidence
+    # (the held-out fit judges the recent-items part: the rows have seen its days)
     calibrate_days: float | None = 7.0  # fit the prior's weight on window t's last days (hir_model.rank.fit); None: off
     track_min_users: int | None = 100  # once earlier heads' track records (hir_model.rank.track) hold this many judged
     # users, the prior's weights come from them instead of the held-out fit; None: the fit only
     cold_prior_days: float | None = 7.0  # cold users' prior: engagements in their users' first days; None: the warm prior
     cold_prior_weight: float = 0.7  # in the training's logit units, like prior_weight
     cold_prior_half_life_days: float = 30.0  # the new users' prior decays engagements from end(t) at this half-life
+    coengagement: bool = True  # warm users' co-engagement with their recent items (hir_model.rank.coengagement); False: off
+    coengagement_weight: float = 16.0  # its weight until the earlier heads' track record chooses one; 0: none till then
+    coengagement_half_life_days: float | None = 7.0  # a history event's weight in it halves every this many days
 
     def __post_init__(self) -> None:
         shares = {"recent_weight": self.recent_weight, "kernel_weight": self.kernel_weight,
@@ -57,14 +67,16 @@ class HeadConfig:
             raise ValueError(f"{', '.join(shares)} must be in [0, 1], got {shares}")
         positive = {"kernel_temp": self.kernel_temp, "recent_half_life_days": self.recent_half_life_days,
                     "cold_prior_half_life_days": self.cold_prior_half_life_days, "calibrate_days": self.calibrate_days,
-                    "cold_prior_days": self.cold_prior_days}
+                    "cold_prior_days": self.cold_prior_days,
+                    "coengagement_half_life_days": self.coengagement_half_life_days}
         if any(v is not None and v <= 0 for v in positive.values()):
             raise ValueError(f"{', '.join(positive)} must be > 0 (or None where optional), got {positive}")
         if self.track_min_users is not None and self.track_min_users < 1:
             raise ValueError(f"track_min_users must be >= 1 (or None: off), got {self.track_min_users}")
-        if self.prior_weight < 0 or self.cold_prior_weight < 0 or self.deep_weight <= 0:
-            raise ValueError(f"prior_weight and cold_prior_weight must be >= 0 and deep_weight > 0, got {self.prior_weight}, "
-                             f"{self.cold_prior_weight}, {self.deep_weight}")
+        weights = {"prior_weight": self.prior_weight, "rows_prior_weight": self.rows_prior_weight,
+                   "cold_prior_weight": self.cold_prior_weight, "coengagement_weight": self.coengagement_weight}
+        if any(v < 0 for v in weights.values()) or self.deep_weight <= 0:
+            raise ValueError(f"{', '.join(weights)} must be >= 0 and deep_weight > 0, got {weights}, {self.deep_weight}")
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -76,8 +88,9 @@ class HeadConfig:
 
     def embeddings_only(self) -> HeadConfig:
         """What the learned representation carries: published rows (encoder vectors for cold users) plus the item prior,
-        no recent items, no kernel, no structural readout, the warm prior for everyone."""
-        return replace(self, recent_weight=0.0, kernel_weight=0.0, cold_structure_weight=0.0, cold_prior_days=None)
+        no recent items, no kernel, no co-engagement, no structural readout, the warm prior for everyone."""
+        return replace(self, recent_weight=0.0, kernel_weight=0.0, cold_structure_weight=0.0, cold_prior_days=None,
+                       coengagement=False)
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,7 @@ class ItemSide:
     prior: np.ndarray | None  # (N,) float32 the warm users' prior term, weight x temp x log prior (None: no prior)
     cold_prior: np.ndarray | None  # (N,) float32 the cold users' prior term (None: they take `prior`)
     structure: np.ndarray | None  # (N, S) structural encodings (None: no structural readout)
+    coengagement: sp.csr_matrix | None = None  # (N, N) weight x item-to-item co-engagement (None: no such term)
 
     def __len__(self) -> int:
         return len(self.vectors)
@@ -210,9 +224,13 @@ def head_scores(queries: Queries, items: ItemSide, config: HeadConfig, rows: np.
     out = np.zeros((len(queries), n), np.float32)
     hot, cold = np.flatnonzero(warm), np.flatnonzero(~warm)
     if len(hot):
-        out[hot] = warm_scores(queries.take(hot), items.vectors, rows[hot], config, columns)
+        sub = queries.take(hot)
+        out[hot] = warm_scores(sub, items.vectors, rows[hot], config, columns)
         if items.prior is not None:
             out[hot] += items.prior[cols][None, :]
+        if items.coengagement is not None:
+            out[hot] += coengagement_scores(sub, items.coengagement, config.coengagement_half_life_days, config.deep_weight,
+                                            columns)
     if len(cold):
         if cold_vectors is None:
             raise ValueError("cold queries need their encoder vectors")
@@ -240,6 +258,8 @@ def head_scores_at(queries: Queries, items: ItemSide, config: HeadConfig, rows: 
                                                               config.kernel_min_share, hq, hc)
         if items.prior is not None:
             vals += items.prior[hc]
+        if items.coengagement is not None:
+            vals += coengagement_at(sub, items.coengagement, config.coengagement_half_life_days, config.deep_weight, hq, hc)
         out[cells] = vals
     if len(cold) and (~on_hot).any():
         cells = np.flatnonzero(~on_hot)

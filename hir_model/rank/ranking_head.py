@@ -79,5 +79,6 @@ def head_track(store, spec: WindowSpec, key: str, train: Interactions, item_ids:
     found = state.item_ids[pos] == item_ids[train.item[new]]  # items head(t-1) knew
     later = pd.DataFrame({"user_id": train.user_ids[train.user[new]][found], "item": pos[found],
                           "deep": train.deep[new][found]})
-    record = track_record(state.history, state.vectors, state.log_prior, rows, has, config, later, key)
+    record = track_record(state.history, state.vectors, state.log_prior, rows, has, config, later, key,
+                          similarity=state.coengagement)
     return state.track + ((record,) if record is not None else ())

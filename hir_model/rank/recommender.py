@@ -5,7 +5,8 @@ and its `bom_index`; the frozen encoder and graph(t) are loaded only when a cont
 served. A query is answered in three steps:
 1. Candidates (unless `exact`): the Bag-of-Meaning index probed with the head's query vector (a warm user's
    row-plus-recent-items query, a cold user's encoder vector), with each of the user's heaviest recent items (the
-   interest kernel's terms: PinnerSage-style multi-query), and the items with the largest prior (the head's bias
+   interest kernel's terms: PinnerSage-style multi-query), for a warm user the items its co-engagement term scores
+   highest (where the head has one), and the items with the largest prior (the head's bias
    term reaches them whatever the query); each source skips the items the user already engaged with, and the query
    vector's probe gives `probe_factor` x max(k, 100) of them, tuned per window so that the served top-100 matches the head's
    exact top-100 (hir_model.rank.bom_index, hir_model.rank.tune).
@@ -23,6 +24,8 @@ import numpy as np
 
 from hir_model.protocol.metrics import Ragged, in_sorted
 from hir_model.protocol.split import ItemSpace, Queries, warm_queries
+from hir_model.baselines.sequence import context_matrix
+from hir_model.rank.coengagement import top_of_row
 from hir_model.rank.head import HeadConfig, head_scores, kernel_items, warm_query
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head
 from hir_model.retrieval.index import DEFAULT_PROBE_FACTOR, Hit
@@ -191,6 +194,10 @@ class Recommender:
         factor = self.probe_factor if probe_factor is None else probe_factor
         vectors = self.query_vectors(batch)
         recent = kernel_items(batch.queries, self.config.recent_half_life_days, self.config.deep_weight)
+        co = None
+        if self.items.coengagement is not None and batch.warm.any():
+            co = (context_matrix(batch.queries, self.state.n_items, self.config.coengagement_half_life_days,
+                                 self.config.deep_weight) @ self.items.coengagement).tocsr()
         out = []
         for q in range(len(batch.queries)):
             skip = np.zeros(0, np.int64) if include_seen else np.unique(seen.row(q))
@@ -203,6 +210,8 @@ class Recommender:
             per_item = math.ceil(budget / KERNEL_PROBES)
             for item in recent[q][0][:KERNEL_PROBES]:
                 parts.append(fresh(self.retriever.probe_vector(self.items.vectors[item], per_item + len(skip))[0], per_item))
+            if co is not None and batch.warm[q]:  # the items the co-engagement term scores highest
+                parts.append(fresh(top_of_row(co, q, budget + len(skip)), budget))
             parts.append(fresh(self.prior_order[:math.ceil(budget / 2) + len(skip)], math.ceil(budget / 2)))
             out.append(np.unique(np.concatenate(parts)))
         return out

@@ -8,9 +8,11 @@ Files under `ranking_head/<t>/`:
   users take the warm prior), `structure` (structural encodings; null when the encoder reads none).
 - `history.parquet`: every engagement before end(t) on those items (`user_id`, `entity_id`, `ts`, `deep`): each warm
   user's recent-items state and what they already engaged with.
+- `coengagement.parquet`: the item-to-item co-engagement of window t's history (hir_model.rank.coengagement), `item`,
+  `neighbour` (rows of `items.parquet`), `similarity`; absent when the head has none.
 - `head.json`: the head's settings, the prior's weights (the head's and the published rows' alone), where they came
-  from (the earlier heads' track records, hir_model.rank.track, or the held-out calibration), the checkpoint's
-  temperature.
+  from (the earlier heads' track records, hir_model.rank.track, or the held-out calibration), the co-engagement's
+  weight, the checkpoint's temperature.
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import scipy.sparse as sp
 
-from data_contracts.head import HEAD_HISTORY_SCHEMA, HEAD_ITEMS_SCHEMA
+from data_contracts.head import HEAD_COENGAGEMENT_SCHEMA, HEAD_HISTORY_SCHEMA, HEAD_ITEMS_SCHEMA
 from hir_model.protocol.split import Interactions
 from hir_model.rank.fit import WEIGHTS, PriorCalibration, fit_prior_weight, floored_log, new_user_engagement
 from hir_model.rank.head import HeadConfig, ItemSide
-from hir_model.rank.track import TrackRecord, pooled_weight
+from hir_model.rank.coengagement import coengagement_similarity, padded
+from hir_model.rank.track import TrackRecord, pooled_choice, pooled_weight
 
 HEAD_ASSET = "ranking_head"
-ITEMS_FILE, HISTORY_FILE, HEAD_FILE = "items", "history", "head.json"
+ITEMS_FILE, HISTORY_FILE, COENGAGEMENT_FILE, HEAD_FILE = "items", "history", "coengagement", "head.json"
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class HeadState:
     embeddings_prior_weight: float | None = None  # the weight beside the published rows alone (None: prior_weight)
     prior_source: str = "config"  # "track" (earlier heads' track records), "fit" (held-out days) or "config"
     track: tuple[TrackRecord, ...] = ()  # the track records of the heads before this one, oldest first
+    coengagement: sp.csr_matrix | None = None  # (N, N) float32 item-to-item co-engagement; None: the head has none
+    coengagement_weight: float = 0.0  # what multiplies it in warm users' scores (chosen with prior_weight)
 
     @property
     def rows_prior_weight(self) -> float:
@@ -80,7 +86,10 @@ class HeadState:
         if self.cold_log_prior is not None and self.prior_weight and c.cold_prior_days is not None and c.cold_structure_weight:
             cold = (c.cold_prior_weight * extend(self.cold_log_prior, self.cold_prior_floor)).astype(np.float32)
         structure = extend(self.structure, 0.0) if self.structure is not None and c.cold_structure_weight else None
-        return ItemSide(vectors, prior, cold, structure)
+        co = None
+        if self.coengagement is not None and c.coengagement and self.coengagement_weight:
+            co = (self.coengagement_weight * padded(self.coengagement, len(vectors))).astype(np.float32)
+        return ItemSide(vectors, prior, cold, structure, co)
 
     def summary(self) -> dict:
         """JSON-ready: what `head.json` holds."""
@@ -90,7 +99,8 @@ class HeadState:
                 "cold_prior": self.cold_log_prior is not None, "structural_readout": self.structure is not None,
                 "calibration": None if self.calibration is None else self.calibration.as_dict(),
                 "weight_grid": list(WEIGHTS), "embeddings_prior_weight": self.rows_prior_weight,
-                "prior_source": self.prior_source, "track": [r.as_dict() for r in self.track]}
+                "prior_source": self.prior_source, "coengagement_weight": self.coengagement_weight,
+                "coengagement": self.coengagement is not None, "track": [r.as_dict() for r in self.track]}
 
 
 def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, vectors: np.ndarray,
@@ -99,8 +109,9 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
     """The state at end(t) from window t and the earlier heads' `track` records. `strength_at(cutoff_us)`: (N,) each
     item's decayed engagement in graph(t) as of a cutoff <= end(t) (None: no graph, no prior); `temp`: the checkpoint's
     engagement temperature (0: no prior); `structure`: the items' structural encodings when the encoder reads them.
-    The prior's weights: from the track once it holds `config.track_min_users` judged users, else the held-out fit,
-    else `config.prior_weight`."""
+    The prior's weights and the co-engagement's: from the track once it holds `config.track_min_users` judged users,
+    else the held-out fit (the head's prior weight) and the config's (`prior_weight`, `rows_prior_weight`,
+    `coengagement_weight`)."""
     if len(item_ids) != train.n_items or len(vectors) != train.n_items:
         raise ValueError(f"{len(item_ids)} item ids and {len(vectors)} vectors for {train.n_items} items of the history")
 
@@ -117,18 +128,21 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
     if prior is not None and structure is not None and config.cold_prior_days is not None and config.cold_structure_weight:
         cold = floored_log(new_user_engagement(train, config.cold_prior_days, config.cold_prior_half_life_days,
                                                config.deep_weight), temp)
-    weight, rows_weight, source = config.prior_weight, None, "config"
+    similarity = coengagement_similarity(train, config.deep_weight) if config.coengagement else None
+    weight, rows_weight, source = config.prior_weight, config.rows_prior_weight if config.prior_weight else None, "config"
+    co_weight = config.coengagement_weight if similarity is not None else 0.0
     if calibration is not None:
         weight, source = calibration.weight, "fit"
     if prior is not None and config.track_min_users is not None and config.prior_weight:
-        head_w = pooled_weight(list(track), "exact", config.track_min_users)
-        if head_w is not None:
-            weight, rows_weight, source = head_w, pooled_weight(list(track), "embeddings", config.track_min_users), "track"
+        choice = pooled_choice(list(track), config.track_min_users, with_coengagement=similarity is not None)
+        if choice is not None:
+            (co_weight, weight), source = choice, "track"
+            rows_weight = pooled_weight(list(track), "embeddings", config.track_min_users)
     return HeadState(train.window, train.end_us, config, np.asarray(item_ids, object), np.asarray(item_types, object),
                      np.asarray(vectors, np.float32), None if prior is None else prior[0], None if cold is None else cold[0],
                      None if structure is None else np.asarray(structure, np.float32), float(weight), float(temp), train,
                      calibration, 0.0 if prior is None else prior[1], 0.0 if cold is None else cold[1],
-                     None if rows_weight is None else float(rows_weight), source, tuple(track))
+                     None if rows_weight is None else float(rows_weight), source, tuple(track), similarity, float(co_weight))
 
 
 def _matrix_column(x: np.ndarray | None, n: int) -> pa.Array:
@@ -153,6 +167,11 @@ def write_head(folder: Path, state: HeadState) -> None:
                              "ts": pa.array(h.ts, pa.timestamp("us", tz="UTC")), "deep": pa.array(h.deep, pa.bool_())},
                             schema=HEAD_HISTORY_SCHEMA),
                    folder / f"{HISTORY_FILE}.parquet")
+    if state.coengagement is not None:
+        co = state.coengagement.tocoo()
+        pq.write_table(pa.table({"item": pa.array(co.row.astype(np.int32)), "neighbour": pa.array(co.col.astype(np.int32)),
+                                 "similarity": pa.array(co.data.astype(np.float32))}, schema=HEAD_COENGAGEMENT_SCHEMA),
+                       folder / f"{COENGAGEMENT_FILE}.parquet")
     (folder / HEAD_FILE).write_text(json.dumps(state.summary(), indent=1) + "\n")
 
 
@@ -191,6 +210,14 @@ def read_head(folder: Path) -> HeadState:
     history = Interactions(meta["window"], int(meta["end_us"]), user_ids.astype(object), user.astype(np.int64), item.astype(np.int64),
                            hist["ts"].cast(pa.int64()).to_numpy(), hist["deep"].to_numpy(zero_copy_only=False).astype(bool),
                            len(ids))
+    similarity = None
+    if (folder / f"{COENGAGEMENT_FILE}.parquet").is_file():
+        co = pq.read_table(folder / f"{COENGAGEMENT_FILE}.parquet")
+        if not co.schema.equals(HEAD_COENGAGEMENT_SCHEMA):
+            raise ValueError(f"{folder / COENGAGEMENT_FILE}.parquet breaks the ranking head's contract (data_contracts.head): "
+                             f"{co.schema} != {HEAD_COENGAGEMENT_SCHEMA}")
+        similarity = sp.csr_matrix((co["similarity"].to_numpy(), (co["item"].to_numpy(), co["neighbour"].to_numpy())),
+                                   shape=(len(ids), len(ids)), dtype=np.float32)
     cal = meta.get("calibration")
     calibration = None if cal is None else PriorCalibration(
         cal["weight"], {float(w): r for w, r in cal["recall"].items()}, cal["users"], cal["cut_us"])
@@ -200,5 +227,6 @@ def read_head(folder: Path) -> HeadState:
                      _optional_matrix(items["structure"]), float(meta["prior_weight"]), float(meta["temp"]), history, calibration,
                      float(meta["prior_floor"]), float(meta["cold_prior_floor"]), meta.get("embeddings_prior_weight"),
                      meta.get("prior_source", "fit" if calibration is not None else "config"),
-                     tuple(TrackRecord.from_dict(r) for r in meta.get("track", ())))
+                     tuple(TrackRecord.from_dict(r) for r in meta.get("track", ())), similarity,
+                     float(meta.get("coengagement_weight", 0.0)))
 
