@@ -72,6 +72,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # on 2 shared cores, threade
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -213,10 +215,13 @@ def movielens_last(results: list, last: int = 4) -> None:
 
 
 def prior_fields(hir) -> str:
-    """HIR's item prior in a window (its weight, and the users it was fitted on: 0 when not fitted) as key=value pairs;
+    """HIR's weights in a window (the prior's, the users it was fitted on: 0 when not fitted, where it came from, the
+    prior's beside the rows alone, the co-engagement's) as key=value pairs;
     `hir`: the window's HIRStatus."""
-    fitted = hir.prior_calibration or {}
-    return f"hir_prior_weight={hir.prior_weight:g} hir_prior_fitted_users={fitted.get('users', 0)}"
+    fitted, head = hir.prior_calibration or {}, hir.head or {}
+    return (f"hir_prior_weight={hir.prior_weight:g} hir_prior_fitted_users={fitted.get('users', 0)} "
+            f"hir_prior_source={head.get('prior_source', '-')} hir_rows_prior_weight={head.get('embeddings_prior_weight', '-')} "
+            f"hir_coengagement_weight={head.get('coengagement_weight', '-')}")
 
 
 def run_store(root: Path, out: Path, last: int = 4) -> list:
@@ -287,6 +292,11 @@ def main() -> None:
                         help="a cold user's score: (1 - s) * encoder vector.v + s * the structural readout (0: off)")
     parser.add_argument("--cold-prior-days", type=float,
                         help="cold users' item prior: engagements made in their users' first days (0: warm users' prior)")
+    parser.add_argument("--workdir", type=Path, help="materialise the cases' stores here and keep them (default: a "
+                                                     "temporary folder, removed at the end)")
+    parser.add_argument("--head-set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a HeadConfig field (hir_model.rank.head; JSON value) over the flags above, e.g. "
+                             "--head-set coengagement=false")
     args = parser.parse_args()
     from hir_assets.index import RankingHeadRun
 
@@ -294,12 +304,15 @@ def main() -> None:
                           track_min_users=args.track_min_users, recent_weight=args.recent_weight,
                           kernel_weight=args.kernel_weight, cold_structure_weight=args.cold_structure_weight,
                           cold_prior_days=args.cold_prior_days).head_config()
+    head = replace(head, **{k: json.loads(v) for k, v in (f.split("=", 1) for f in args.head_set)})
     if args.store:
         run_store(args.store, args.out)
         return
     cases = set(args.cases.split(","))
     hir = None if args.no_hir else hir_train_overrides("synthetic", args.set)
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(str(args.workdir)) if args.workdir else tempfile.TemporaryDirectory()) as tmp:
         workdir = Path(tmp)
         if "synthetic" in cases:
             from hir_model.data.synthetic import SyntheticConfig, SyntheticSource
