@@ -31,6 +31,7 @@ import scipy.sparse as sp
 
 from hir_model.protocol.method import decay, event_weights, known_columns
 from hir_model.protocol.split import Interactions, ItemSpace, Queries
+from hir_model.rank.coengagement import context_matrix, item_similarity
 
 
 @dataclass(frozen=True)
@@ -44,73 +45,6 @@ class Item2ItemConfig:
     half_life_days: float | None = 7.0  # a context event's weight halves every this many days before the user's last one
     popularity_weight: float = 0.05  # x the decayed popularity (max 1): the backfill for items no neighbour reaches
     popularity_half_life_days: float | None = 3.0  # the backfill popularity's decay from end(t)
-
-
-def _sequences(train: Interactions, deep_weight: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct (user, item) pairs ordered by user then first engagement: user, item, weight, first ts."""
-    key = train.user * np.int64(train.n_items) + train.item
-    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    converted = np.zeros(len(uniq), bool)
-    np.logical_or.at(converted, inverse, train.deep)
-    start = np.full(len(uniq), np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(start, inverse, train.ts)
-    user, item = uniq // train.n_items, uniq % train.n_items
-    order = np.lexsort((item, start, user))
-    return user[order], item[order], np.where(converted, deep_weight, 1.0)[order], start[order]
-
-
-def _top_per_row(m: sp.csr_matrix, k: int) -> sp.csr_matrix:
-    """Each row's k largest entries (ties: the lower column)."""
-    m = m.tocsr()
-    m.eliminate_zeros()
-    row = np.repeat(np.arange(m.shape[0]), np.diff(m.indptr))
-    order = np.lexsort((m.indices, -m.data, row))
-    rank = np.arange(len(order)) - m.indptr[row[order]]
-    keep = order[rank < k]
-    return sp.csr_matrix((m.data[keep], (row[keep], m.indices[keep])), shape=m.shape)
-
-
-def item_similarity(train: Interactions, config: Item2ItemConfig) -> sp.csr_matrix:
-    """(n_items, n_items) S[c, j], each row its `neighbours` largest entries (module docstring); no self-similarity."""
-    user, item, w, start = _sequences(train, config.deep_weight)
-    n = train.n_items
-    if config.window is None:
-        fresh = decay(train.end_us - start, config.fit_half_life_days)
-        x = sp.csr_matrix((w * np.sqrt(fresh), (user, item)), shape=(train.n_users, n))
-        co = (x.T @ x).tocsr()  # symmetric: order is not read
-    else:
-        rows, cols, vals = [], [], []
-        for d in range(1, config.window + 1):  # pairs (p, p + d) of one user's sequence
-            same = user[:-d] == user[d:]
-            a, b = np.flatnonzero(same), np.flatnonzero(same) + d
-            v = w[a] * w[b] * decay(train.end_us - start[b], config.fit_half_life_days)
-            rows += [item[a], item[b]]
-            cols += [item[b], item[a]]
-            vals += [v, config.backward_weight * v]
-        co = sp.csr_matrix((np.concatenate(vals or [np.zeros(0)]),
-                            (np.concatenate(rows or [np.zeros(0, np.int64)]), np.concatenate(cols or [np.zeros(0, np.int64)]))),
-                           shape=(n, n))
-    co = (co - sp.diags(co.diagonal())).tocsr()  # no self-similarity
-    norm = np.bincount(item, weights=w ** 2, minlength=n)
-    left = np.power(norm, config.alpha, out=np.zeros(n), where=norm > 0)
-    right = np.power(norm, 1 - config.alpha, out=np.zeros(n), where=norm > 0)
-    inv = lambda x: np.divide(1.0, x, out=np.zeros(n), where=x > 0)  # noqa: E731
-    sim = sp.diags(inv(left)) @ co @ sp.diags(inv(right))
-    return _top_per_row(sim, config.neighbours).astype(np.float32)
-
-
-def context_matrix(queries: Queries, n_known: int, half_life_days: float | None, deep_weight: float) -> sp.csr_matrix:
-    """(Q, n_known) each query's context weight per known item: stage x 2^(-age / half-life), age from the query's own
-    last event, rows summing to 1 (zero for a query without known context items)."""
-    ctx = queries.context
-    row = ctx.row_of
-    last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(last, row, queries.context_ts)
-    w = event_weights(queries.context_deep, deep_weight) * decay(last[row] - queries.context_ts, half_life_days)
-    keep = ctx.idx < n_known
-    m = sp.csr_matrix((w[keep], (row[keep], ctx.idx[keep])), shape=(len(queries), n_known))
-    total = np.asarray(m.sum(1)).ravel()
-    return (sp.diags(np.divide(1.0, total, out=np.zeros(len(total)), where=total > 0)) @ m).tocsr()
 
 
 class Item2ItemRecent:

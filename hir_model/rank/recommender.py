@@ -24,8 +24,7 @@ import numpy as np
 
 from hir_model.protocol.metrics import Ragged, in_sorted
 from hir_model.protocol.split import ItemSpace, Queries, warm_queries
-from hir_model.baselines.sequence import context_matrix
-from hir_model.rank.coengagement import top_of_row
+from hir_model.rank.coengagement import context_matrix, top_of_row
 from hir_model.rank.head import HeadConfig, head_scores, kernel_items, warm_query
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head
 from hir_model.retrieval.index import DEFAULT_PROBE_FACTOR, Hit

@@ -91,9 +91,11 @@ def test_new_items_take_the_single_token_path_of_the_embeddings_asset(store):
 
 def test_scores_are_dot_products_warm_users_looked_up_and_cold_ones_inductive(store):
     split = _split(store)
-    row_only, no_kernel = _hir(store, recent_weight=0.0, kernel_weight=0.0), _hir(store, kernel_weight=0.0)
-    hir, embeddings = _hir(store), _hir(store, "hir_embeddings")
-    for m in (hir, row_only, no_kernel, embeddings):
+    row_only = _hir(store, recent_weight=0.0, kernel_weight=0.0, coengagement=False)
+    no_kernel = _hir(store, kernel_weight=0.0, coengagement=False)
+    hir, embeddings = _hir(store, coengagement=False), _hir(store, "hir_embeddings")
+    with_co = _hir(store)  # the default: co-engagement at its configured weight (no track record in window 0)
+    for m in (hir, row_only, no_kernel, embeddings, with_co):
         m.fit(split.train, split.items.known())
     emb = hir.inductive.artefacts.embeddings
     u1, items = emb.vectors[list(emb.entity_id).index("u1")], hir.inductive.item_vectors(split.items)
@@ -109,6 +111,16 @@ def test_scores_are_dot_products_warm_users_looked_up_and_cold_ones_inductive(st
     kernel = 0.1 * np.log((w_p1 * np.exp(items @ items[0] / 0.1) + w_p2 * np.exp(items @ items[1] / 0.1)) / (w_p1 + w_p2))
     np.testing.assert_allclose(hir.score(split.warm.queries, split.items)[0], 0.3 * (items @ query) + 0.7 * kernel, rtol=1e-5,
                                atol=1e-5)
+    # co-engagement adds 16 x the history's co-engagement with each item (half-life 7 days; items new in t+1: none)
+    state = with_co.rec.state
+    assert state.coengagement_weight == 16.0 and state.coengagement is not None
+    sim = state.coengagement.toarray()
+    c_p1, c_p2 = 2 ** (-2 / 168) + 2 * 2 ** (-1 / 168), 1.0
+    co = np.zeros(len(split.items))
+    co[:state.n_items] = (c_p1 * sim[0] + c_p2 * sim[1]) / (c_p1 + c_p2)
+    assert co.any()
+    np.testing.assert_allclose(with_co.score(split.warm.queries, split.items)[0],
+                               hir.score(split.warm.queries, split.items)[0] + 16.0 * co, rtol=1e-5, atol=1e-5)
     cold = hir.score(split.cold.queries, split.items)
     np.testing.assert_array_equal(cold, hir.score(split.cold.queries, split.items))  # seeded: the same every time
     other = _hir(store, key=KEYS[1])
@@ -298,7 +310,7 @@ def test_scores_add_the_item_prior_in_the_trainings_logit_units(tmp_path):
 def test_without_a_recorded_training_config_the_scores_stay_the_dot_product(store):
     assert trained_prior_scale({}) == 0.0
     assert trained_prior_scale({"train_config": {"engagement_temp": 0.05, "logq_correction": False}}) == 0.05
-    split, hir = _split(store), _hir(store, prior_weight=3.0, recent_weight=0.0, kernel_weight=0.0)
+    split, hir = _split(store), _hir(store, prior_weight=3.0, recent_weight=0.0, kernel_weight=0.0, coengagement=False)
     hir.fit(split.train, split.items.known())
     assert hir.inductive.artefacts.prior_scale == 0.0 and hir.rec.state.calibration is None
     scores, items = hir.score(split.warm.queries, split.items), hir.inductive.item_vectors(split.items)

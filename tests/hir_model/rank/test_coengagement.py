@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hir_model.baselines.sequence import Item2ItemConfig, Item2ItemRecent, context_matrix
+from hir_model.baselines.sequence import Item2ItemConfig, Item2ItemRecent
 from hir_model.protocol.method import US_PER_DAY as DAY_US
 from hir_model.protocol.split import Interactions, ItemSpace, warm_queries
-from hir_model.rank.coengagement import COENGAGEMENT_WEIGHTS, coengagement_similarity, top_of_row
+from hir_model.rank.coengagement import COENGAGEMENT_WEIGHTS, coengagement_similarity, context_matrix, top_of_row
 from hir_model.rank.head import HeadConfig, head_scores, head_scores_at
 from hir_model.rank.state import fit_head, read_head, write_head
 from hir_model.rank.track import CO_MODE, TrackRecord, coengagement_mode, pooled_choice, track_record
