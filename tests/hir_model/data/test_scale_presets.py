@@ -14,16 +14,19 @@ from hir_model.data.synthetic_config import preset
 from hir_model.data.windows import WindowSpec
 
 # sha256 prefixes of every table the default generator produced before presets existed (commit 969d82f):
-# events of all 8 windows, the final catalog, the final relations, ground truth + window 3's user mixture.
+# events of all 8 windows, the final catalog, the final relations, ground truth + window 3's user mixture (its float
+# weights at 8 significant digits: their last bits differ between CPUs; on 2026-12-06 an AMD EPYC machine produced the
+# other three byte for byte and a different unrounded mixture digest at the commit that set them).
 # A change here changes the demo's figures: do not update these to make a test pass.
 SMALL_DIGESTS = {
-    7: ("e3e18d9cea872e51", "36f70523858b1052", "47990251132b7bc8", "abea2f9a0a3a74dc"),
-    0: ("0c4c2d6637225514", "9b298a3be6bafe42", "51110361f86e76d4", "a70c40630f51b113"),
+    7: ("e3e18d9cea872e51", "36f70523858b1052", "47990251132b7bc8", "31e618000ef24fea"),
+    0: ("0c4c2d6637225514", "9b298a3be6bafe42", "51110361f86e76d4", "95fdadfa62401dd5"),
 }
 
 
-def digest(tables: list[pa.Table]) -> str:
-    """A hash of the tables' values (not their chunking); image uris reduced to file names (the folder varies)."""
+def digest(tables: list[pa.Table], float_digits: int | None = None) -> str:
+    """A hash of the tables' values (not their chunking); image uris reduced to file names (the folder varies); floating
+    columns at `float_digits` significant digits when given."""
     h = hashlib.sha256()
     for t in tables:
         h.update(repr(t.schema).encode())
@@ -31,6 +34,8 @@ def digest(tables: list[pa.Table]) -> str:
             values = t[name].to_pylist()
             if name == "image_uri":
                 values = [None if u is None else u.rsplit("/", 1)[-1] for u in values]
+            if float_digits is not None and pa.types.is_floating(t.schema.field(name).type):
+                values = [None if v is None else float(f"{v:.{float_digits}g}") for v in values]
             h.update(repr(values).encode())
     return h.hexdigest()[:16]
 
@@ -42,7 +47,7 @@ def digests(source: SyntheticSource) -> tuple[str, ...]:
     return (digest([b.table for w in windows for b in source.events(w)]),
             digest([b.table for b in source.catalog(end)]),
             digest([b.table for b in source.relations(end)]),
-            digest([source.ground_truth.entities, source.ground_truth.hierarchy, source.user_mixture(3)]))
+            digest([source.ground_truth.entities, source.ground_truth.hierarchy, source.user_mixture(3)], float_digits=8))
 
 
 @pytest.mark.parametrize("seed", sorted(SMALL_DIGESTS))
