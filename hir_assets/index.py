@@ -42,7 +42,7 @@ class RankingHeadRun(Overrides):
 
     zero_means_none: ClassVar[frozenset[str]] = frozenset({"calibrate_days", "cold_prior_days", "track_min_users"})
     prior_weight: Optional[float] = None  # the item prior's weight where it is not fitted; 0: no prior
-    rows_prior_weight: Optional[float] = None  # its weight beside the published rows alone until the track has evidence
+    rows_prior_weight: Optional[float] = None  # its weight beside the rows alone until the track has evidence; unset: the head's
     coengagement_weight: Optional[float] = None  # co-engagement's weight until the track has evidence; 0: none till then
     calibrate_days: Optional[float] = None  # the prior's weight fitted on the window's last days; 0: not fitted
     track_min_users: Optional[int] = None  # judged users the earlier heads' track must hold to set the weights; 0: never
@@ -95,7 +95,8 @@ def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
     fitted = state.calibration is not None
     c, track = state.config, state.prior_source == "track"
     grids = {"prior": (state.prior_weight, TRACK_WEIGHTS if track else WEIGHTS if fitted else (c.prior_weight,)),
-             "rows": (state.rows_prior_weight, TRACK_WEIGHTS if track else (c.rows_prior_weight, state.prior_weight)),
+             "rows": (state.rows_prior_weight, TRACK_WEIGHTS if track
+                      else (state.prior_weight,) if c.rows_prior_weight is None else (c.rows_prior_weight,)),
              "co-engagement": (state.coengagement_weight, (0.0,) + COENGAGEMENT_WEIGHTS if track
                                else (c.coengagement_weight if state.coengagement is not None else 0.0,))}
     in_grid = all(any(np.isclose(v, w) for w in grid) for v, grid in grids.values())

@@ -48,8 +48,8 @@ class HeadConfig:
     kernel_min_share: float = 1e-3  # recent items below this share of the user's heaviest are left out of the kernel
     cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) x encoder vector.v + s x structural readout; 0: off
     prior_weight: float = 1.0  # the item prior's weight in the training's logit units; where calibration fits none
-    rows_prior_weight: float = 8.0  # its weight beside the published rows alone until the track record has evidence
-    # (the held-out fit judges the recent-items part: the rows have seen its days)
+    rows_prior_weight: float | None = None  # its weight beside the published rows alone until the track record has
+    # evidence (None: the head's; the held-out fit judges only the recent-items part, the rows have seen its days)
     calibrate_days: float | None = 7.0  # fit the prior's weight on window t's last days (hir_model.rank.fit); None: off
     track_min_users: int | None = 100  # once earlier heads' track records (hir_model.rank.track) hold this many judged
     # users, the prior's weights come from them instead of the held-out fit; None: the fit only
@@ -75,7 +75,7 @@ class HeadConfig:
             raise ValueError(f"track_min_users must be >= 1 (or None: off), got {self.track_min_users}")
         weights = {"prior_weight": self.prior_weight, "rows_prior_weight": self.rows_prior_weight,
                    "cold_prior_weight": self.cold_prior_weight, "coengagement_weight": self.coengagement_weight}
-        if any(v < 0 for v in weights.values()) or self.deep_weight <= 0:
+        if any(v is not None and v < 0 for v in weights.values()) or self.deep_weight <= 0:
             raise ValueError(f"{', '.join(weights)} must be >= 0 and deep_weight > 0, got {weights}, {self.deep_weight}")
 
     def as_dict(self) -> dict:

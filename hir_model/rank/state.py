@@ -130,6 +130,7 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
                                                config.deep_weight), temp)
     similarity = coengagement_similarity(train, config.deep_weight) if config.coengagement else None
     weight, rows_weight, source = config.prior_weight, config.rows_prior_weight if config.prior_weight else None, "config"
+    # rows_weight None: the rows take the head's weight
     co_weight = config.coengagement_weight if similarity is not None else 0.0
     if calibration is not None:
         weight, source = calibration.weight, "fit"

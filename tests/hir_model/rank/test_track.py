@@ -88,8 +88,11 @@ def test_the_head_takes_its_weights_from_the_track_once_it_holds_enough_users(tm
     back = read_head(tmp_path)
     assert back.track == track and back.prior_weight == 4.0 and back.rows_prior_weight == 8.0 and back.prior_source == "track"
     short = fit_head(history, ids, types, vectors, strength, 0.1, None, HeadConfig(kernel_weight=0.0, track_min_users=161), track)
-    # too few users: the held-out fit (none here: no event in its last days), so the configured weights
-    assert short.prior_source == "config" and short.prior_weight == 1.0 and short.rows_prior_weight == 8.0
+    # too few users: the held-out fit (none here: no event in its last days), so the configured weight, for both scores
+    assert short.prior_source == "config" and short.prior_weight == short.rows_prior_weight == 1.0
+    own = fit_head(history, ids, types, vectors, strength, 0.1, None,
+                   HeadConfig(kernel_weight=0.0, track_min_users=161, rows_prior_weight=8.0), track)
+    assert own.prior_weight == 1.0 and own.rows_prior_weight == 8.0  # the rows' own, where one is configured
     with pytest.raises(ValueError, match="track_min_users"):
         HeadConfig(track_min_users=0)
 
