@@ -51,6 +51,14 @@ def decay(age_us: np.ndarray, half_life_days: float | None) -> np.ndarray:
     return np.exp2(-np.maximum(age_us, 0) / (half_life_days * US_PER_DAY))
 
 
+def context_weights(queries: Queries, half_life_days: float | None, deep_weight: float) -> np.ndarray:
+    """(nnz,) weight of each context event: its stage x 2^(-age / half-life), age from the query's own last event."""
+    row = queries.context.row_of
+    last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(last, row, queries.context_ts)
+    return event_weights(queries.context_deep, deep_weight) * decay(last[row] - queries.context_ts, half_life_days)
+
+
 def pair_matrix(rows: np.ndarray, cols: np.ndarray, deep: np.ndarray, shape: tuple[int, int], deep_weight: float,
                 recency: np.ndarray | None = None) -> sp.csr_matrix:
     """(R, C) one entry per distinct (row, col) pair: 1 for an engagement, deep_weight when one of its events

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from hir_model.protocol.method import decay, event_weights
+from hir_model.protocol.method import context_weights, decay
 from hir_model.protocol.split import Interactions, Queries
 
 # candidate weights the track record scores beside 0 (the head without it): a user's co-engagement with an item is a
@@ -96,13 +96,9 @@ def item_similarity(train: Interactions, config: SimilarityConfig) -> sp.csr_mat
 def context_matrix(queries: Queries, n_known: int, half_life_days: float | None, deep_weight: float) -> sp.csr_matrix:
     """(Q, n_known) each query's context weight per known item: stage x 2^(-age / half-life), age from the query's own
     last event, rows summing to 1 (zero for a query without known context items)."""
-    ctx = queries.context
-    row = ctx.row_of
-    last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(last, row, queries.context_ts)
-    w = event_weights(queries.context_deep, deep_weight) * decay(last[row] - queries.context_ts, half_life_days)
+    ctx, w = queries.context, context_weights(queries, half_life_days, deep_weight)
     keep = ctx.idx < n_known
-    m = sp.csr_matrix((w[keep], (row[keep], ctx.idx[keep])), shape=(len(queries), n_known))
+    m = sp.csr_matrix((w[keep], (ctx.row_of[keep], ctx.idx[keep])), shape=(len(queries), n_known))
     total = np.asarray(m.sum(1)).ravel()
     return (sp.diags(np.divide(1.0, total, out=np.zeros(len(total)), where=total > 0)) @ m).tocsr()
 

@@ -16,7 +16,7 @@ Nothing after end(t) is read.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -66,25 +66,34 @@ def held_out_split(train: Interactions, cut_us: int) -> UserGroup | None:
     return warm_group(pre, later)
 
 
-def weight_recalls(group: UserGroup, score: Callable[[Queries], np.ndarray], log_prior: np.ndarray,
-                   weights: tuple[float, ...], k: int, max_users: int, seed: int = 0) -> dict[float, np.ndarray]:
-    """Per candidate weight, the deep-funnel Recall@k of `score(queries) + w x log_prior` for each of the group's users
-    with targets (at most `max_users`, a seeded sample), their context excluded, FIT_CELLS scores at a time."""
+def mode_recalls(group: UserGroup, scores: Callable[[Queries], Iterable[tuple[str, np.ndarray]]], log_prior: np.ndarray,
+                 weights: tuple[float, ...], k: int, max_users: int, seed: int = 0) -> dict[str, dict[float, np.ndarray]]:
+    """Per score and candidate weight, the deep-funnel Recall@k of `base + w x log_prior` for each of the group's users
+    with targets (at most `max_users`, a seeded sample), their context excluded, FIT_CELLS scores at a time; `scores`
+    yields (mode, base) for a block of queries, one base at a time, so what several scores share is computed once."""
     judged = np.flatnonzero(group.deep_funnel.sizes > 0)  # the others have no target: they never count
     if len(judged) > max_users:
         judged = np.sort(np.random.default_rng(seed).choice(judged, max_users, replace=False))
-    out = {w: [] for w in weights}
+    out: dict[str, dict[float, list]] = {}
     step = max(1, FIT_CELLS // max(len(log_prior), 1))
     for lo in range(0, len(judged), step):
         sel = judged[lo:lo + step]
         queries = group.queries.take(sel)
         ptr, pos = group.deep_funnel.gather(sel)
-        base = score(queries)
         exclude = Ragged(queries.context.ptr, queries.context.idx)
-        for w in weights:
-            out[w].append(ranking_metrics(base + w * log_prior[None, :], Ragged(ptr, group.deep_funnel.idx[pos]), exclude,
-                                          recall_ks=(k,), ndcg_ks=(k,)).per_user[f"recall@{k}"])
-    return {w: np.concatenate(v) if v else np.zeros(0) for w, v in out.items()}
+        for mode, base in scores(queries):
+            for w in weights:
+                out.setdefault(mode, {x: [] for x in weights})[w].append(ranking_metrics(
+                    base + w * log_prior[None, :], Ragged(ptr, group.deep_funnel.idx[pos]), exclude, recall_ks=(k,),
+                    ndcg_ks=(k,)).per_user[f"recall@{k}"])
+    return {m: {w: np.concatenate(v) for w, v in by_w.items()} for m, by_w in out.items()}
+
+
+def weight_recalls(group: UserGroup, score: Callable[[Queries], np.ndarray], log_prior: np.ndarray,
+                   weights: tuple[float, ...], k: int, max_users: int, seed: int = 0) -> dict[float, np.ndarray]:
+    """`mode_recalls` of the one score `score(queries)`."""
+    per_mode = mode_recalls(group, lambda q: [("", score(q))], log_prior, weights, k, max_users, seed)
+    return per_mode.get("", {w: np.zeros(0) for w in weights})
 
 
 def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at: Callable[[int], np.ndarray | None],

@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import scipy.sparse as sp
 
-from hir_model.protocol.method import decay, event_weights
+from hir_model.protocol.method import context_weights
 from hir_model.protocol.split import Queries
 from hir_model.rank.coengagement import coengagement_at, coengagement_scores
 
@@ -105,14 +105,6 @@ class ItemSide:
 
     def __len__(self) -> int:
         return len(self.vectors)
-
-
-def context_weights(queries: Queries, half_life_days: float | None, deep_weight: float) -> np.ndarray:
-    """(nnz,) weight of each context event: its stage x 2^(-age / half-life), age from the query's own last event."""
-    row = queries.context.row_of
-    last = np.full(len(queries), np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(last, row, queries.context_ts)
-    return event_weights(queries.context_deep, deep_weight) * decay(last[row] - queries.context_ts, half_life_days)
 
 
 def recent_items(queries: Queries, item_vectors: np.ndarray, half_life_days: float | None, deep_weight: float) -> np.ndarray:

@@ -20,11 +20,10 @@ import scipy.sparse as sp
 
 from hir_model.protocol.split import Interactions, warm_group
 from hir_model.rank.coengagement import COENGAGEMENT_WEIGHTS, coengagement_scores
-from hir_model.rank.fit import weight_recalls
+from hir_model.rank.fit import mode_recalls
 from hir_model.rank.head import HeadConfig, warm_scores
 
 TRACK_WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # candidate prior weights (training logit units)
-TRACK_MODES = ("exact", "embeddings")  # the head's full score; the published rows plus the prior
 CO_MODE = "exact+coengagement@"  # + its weight: the full score with co-engagement at that weight
 
 
@@ -66,14 +65,17 @@ def track_record(history: Interactions, vectors: np.ndarray, log_prior: np.ndarr
     scored = int((group.deep_funnel.sizes > 0).sum())
     if not scored:
         return None
-    scores = {"exact": lambda q: warm_scores(q, vectors, rows[q.user_index], config),
-              "embeddings": lambda q: warm_scores(q, vectors, rows[q.user_index], config.embeddings_only())}
-    if similarity is not None and config.coengagement:
-        def with_co(q, w):
+    def scores(q):  # the full score once a block, co-engagement's modes on top of it
+        user_rows = rows[q.user_index]
+        exact = warm_scores(q, vectors, user_rows, config)
+        yield "exact", exact
+        yield "embeddings", warm_scores(q, vectors, user_rows, config.embeddings_only())
+        if similarity is not None and config.coengagement:
             co = coengagement_scores(q, similarity, config.coengagement_half_life_days, config.deep_weight)
-            return warm_scores(q, vectors, rows[q.user_index], config) + w * co
-        scores |= {coengagement_mode(w): (lambda q, w=w: with_co(q, w)) for w in COENGAGEMENT_WEIGHTS}
-    recall = {m: weight_recalls(group, score, log_prior, weights, k, max_users, seed) for m, score in scores.items()}
+            for w in COENGAGEMENT_WEIGHTS:
+                yield coengagement_mode(w), exact + w * co
+
+    recall = mode_recalls(group, scores, log_prior, weights, k, max_users, seed)
     return TrackRecord(history.window, next_window, min(scored, max_users),
                        {m: {w: float(np.mean(v)) for w, v in by_w.items()} for m, by_w in recall.items()})
 
