@@ -40,12 +40,14 @@ RECALL_THRESHOLD = 0.9  # the bom_index recall check's default threshold (the as
 class RankingHeadRun(Overrides):
     """Overrides of HeadConfig (hir_model.rank.head), where the defaults and their meaning are declared."""
 
-    zero_means_none: ClassVar[frozenset[str]] = frozenset({"calibrate_days", "cold_prior_days", "track_min_users"})
+    zero_means_none: ClassVar[frozenset[str]] = frozenset({"calibrate_days", "cold_prior_days", "track_min_users",
+                                                         "rows_track_min_users"})
     prior_weight: Optional[float] = None  # the item prior's weight where it is not fitted; 0: no prior
     rows_prior_weight: Optional[float] = None  # its weight beside the rows alone until the track has evidence; unset: the head's
     coengagement_weight: Optional[float] = None  # co-engagement's weight until the track has evidence; 0: none till then
     calibrate_days: Optional[float] = None  # the prior's weight fitted on the window's last days; 0: not fitted
     track_min_users: Optional[int] = None  # judged users the earlier heads' track must hold to set the weights; 0: never
+    rows_track_min_users: Optional[int] = None  # the same for the rows' own weight; 0: at track_min_users
     recent_weight: Optional[float] = None  # a warm user's query: the recent items' share; 0: the published row alone
     kernel_weight: Optional[float] = None  # a warm user's score: the interest kernel's share; 0: off
     cold_structure_weight: Optional[float] = None  # a cold user's score: the structural readout's share; 0: off
@@ -95,8 +97,8 @@ def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
     fitted = state.calibration is not None
     c, track = state.config, state.prior_source == "track"
     grids = {"prior": (state.prior_weight, TRACK_WEIGHTS if track else WEIGHTS if fitted else (c.prior_weight,)),
-             "rows": (state.rows_prior_weight, TRACK_WEIGHTS if track
-                      else (state.prior_weight,) if c.rows_prior_weight is None else (c.rows_prior_weight,)),
+             "rows": (state.rows_prior_weight, TRACK_WEIGHTS if state.rows_source == "track"
+                      else (c.rows_prior_weight,) if state.rows_source == "config" else (state.prior_weight,)),
              "co-engagement": (state.coengagement_weight, (0.0,) + COENGAGEMENT_WEIGHTS if track
                                else (c.coengagement_weight if state.coengagement is not None else 0.0,))}
     in_grid = all(any(np.isclose(v, w) for w in grid) for v, grid in grids.values())
@@ -137,7 +139,8 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
         state = publish_head(store, spec_at_load, window.key, config.head_config())
         checks = head_checks(state)
         context.log.info(f"ranking head {window.key}: {state.n_items} items, {state.history.n_users} users, prior weight "
-                         f"{state.prior_weight:g} (rows alone {state.rows_prior_weight:g}) from {state.prior_source}, "
+                         f"{state.prior_weight:g} from {state.prior_source} (rows alone {state.rows_prior_weight:g} from "
+                         f"{state.rows_source}), "
                          f"track of {len(state.track)} windows, {sum(r.users for r in state.track)} users")
         summary = state.summary()
         return dg.MaterializeResult(

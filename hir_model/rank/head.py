@@ -53,6 +53,8 @@ class HeadConfig:
     calibrate_days: float | None = 7.0  # fit the prior's weight on window t's last days (hir_model.rank.fit); None: off
     track_min_users: int | None = 100  # once earlier heads' track records (hir_model.rank.track) hold this many judged
     # users, the prior's weights come from them instead of the held-out fit; None: the fit only
+    rows_track_min_users: int | None = 20  # the rows' own weight (one of 11, the full score's pair one of 88) comes from
+    # the track once it holds this many judged users; None: at track_min_users
     cold_prior_days: float | None = 7.0  # cold users' prior: engagements in their users' first days; None: the warm prior
     cold_prior_weight: float = 0.7  # in the training's logit units, like prior_weight
     cold_prior_half_life_days: float = 30.0  # the new users' prior decays engagements from end(t) at this half-life
@@ -71,8 +73,9 @@ class HeadConfig:
                     "coengagement_half_life_days": self.coengagement_half_life_days}
         if any(v is not None and v <= 0 for v in positive.values()):
             raise ValueError(f"{', '.join(positive)} must be > 0 (or None where optional), got {positive}")
-        if self.track_min_users is not None and self.track_min_users < 1:
-            raise ValueError(f"track_min_users must be >= 1 (or None: off), got {self.track_min_users}")
+        for name in ("track_min_users", "rows_track_min_users"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (or None), got {getattr(self, name)}")
         weights = {"prior_weight": self.prior_weight, "rows_prior_weight": self.rows_prior_weight,
                    "cold_prior_weight": self.cold_prior_weight, "coengagement_weight": self.coengagement_weight}
         if any(v is not None and v < 0 for v in weights.values()) or self.deep_weight <= 0:

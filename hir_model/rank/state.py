@@ -62,6 +62,7 @@ class HeadState:
     track: tuple[TrackRecord, ...] = ()  # the track records of the heads before this one, oldest first
     coengagement: sp.csr_matrix | None = None  # (N, N) float32 item-to-item co-engagement; None: the head has none
     coengagement_weight: float = 0.0  # what multiplies it in warm users' scores (chosen with prior_weight)
+    rows_source: str = "head"  # the rows' weight: "track", "config" (rows_prior_weight) or "head" (prior_weight)
 
     @property
     def rows_prior_weight(self) -> float:
@@ -99,7 +100,7 @@ class HeadState:
                 "cold_prior": self.cold_log_prior is not None, "structural_readout": self.structure is not None,
                 "calibration": None if self.calibration is None else self.calibration.as_dict(),
                 "weight_grid": list(WEIGHTS), "embeddings_prior_weight": self.rows_prior_weight,
-                "prior_source": self.prior_source, "coengagement_weight": self.coengagement_weight,
+                "prior_source": self.prior_source, "rows_source": self.rows_source, "coengagement_weight": self.coengagement_weight,
                 "coengagement": self.coengagement is not None, "track": [r.as_dict() for r in self.track]}
 
 
@@ -109,9 +110,9 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
     """The state at end(t) from window t and the earlier heads' `track` records. `strength_at(cutoff_us)`: (N,) each
     item's decayed engagement in graph(t) as of a cutoff <= end(t) (None: no graph, no prior); `temp`: the checkpoint's
     engagement temperature (0: no prior); `structure`: the items' structural encodings when the encoder reads them.
-    The prior's weights and the co-engagement's: from the track once it holds `config.track_min_users` judged users,
-    else the held-out fit (the head's prior weight) and the config's (`prior_weight`, `rows_prior_weight`,
-    `coengagement_weight`)."""
+    The prior's and the co-engagement's weights: from the track once it holds `config.track_min_users` judged users,
+    else the held-out fit (the head's prior weight) and the config's (`prior_weight`, `coengagement_weight`). The rows'
+    own weight: from the track once it holds `config.rows_track_min_users`, else `rows_prior_weight` or the head's."""
     if len(item_ids) != train.n_items or len(vectors) != train.n_items:
         raise ValueError(f"{len(item_ids)} item ids and {len(vectors)} vectors for {train.n_items} items of the history")
 
@@ -129,8 +130,9 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
         cold = floored_log(new_user_engagement(train, config.cold_prior_days, config.cold_prior_half_life_days,
                                                config.deep_weight), temp)
     similarity = coengagement_similarity(train, config.deep_weight) if config.coengagement else None
-    weight, rows_weight, source = config.prior_weight, config.rows_prior_weight if config.prior_weight else None, "config"
-    # rows_weight None: the rows take the head's weight
+    weight, source = config.prior_weight, "config"
+    rows_weight, rows_source = ((config.rows_prior_weight, "config") if config.rows_prior_weight is not None and config.prior_weight
+                                else (None, "head"))  # None: the rows take the head's weight
     co_weight = config.coengagement_weight if similarity is not None else 0.0
     if calibration is not None:
         weight, source = calibration.weight, "fit"
@@ -138,12 +140,15 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
         choice = pooled_choice(list(track), config.track_min_users, with_coengagement=similarity is not None)
         if choice is not None:
             (co_weight, weight), source = choice, "track"
-            rows_weight = pooled_weight(list(track), "embeddings", config.track_min_users)
+        rows_min = config.track_min_users if config.rows_track_min_users is None else config.rows_track_min_users
+        if (rows_track := pooled_weight(list(track), "embeddings", rows_min)) is not None:
+            rows_weight, rows_source = rows_track, "track"
     return HeadState(train.window, train.end_us, config, np.asarray(item_ids, object), np.asarray(item_types, object),
                      np.asarray(vectors, np.float32), None if prior is None else prior[0], None if cold is None else cold[0],
                      None if structure is None else np.asarray(structure, np.float32), float(weight), float(temp), train,
                      calibration, 0.0 if prior is None else prior[1], 0.0 if cold is None else cold[1],
-                     None if rows_weight is None else float(rows_weight), source, tuple(track), similarity, float(co_weight))
+                     None if rows_weight is None else float(rows_weight), source, tuple(track), similarity, float(co_weight),
+                     rows_source)
 
 
 def _matrix_column(x: np.ndarray | None, n: int) -> pa.Array:
@@ -229,5 +234,6 @@ def read_head(folder: Path) -> HeadState:
                      float(meta["prior_floor"]), float(meta["cold_prior_floor"]), meta.get("embeddings_prior_weight"),
                      meta.get("prior_source", "fit" if calibration is not None else "config"),
                      tuple(TrackRecord.from_dict(r) for r in meta.get("track", ())), similarity,
-                     float(meta.get("coengagement_weight", 0.0)))
+                     float(meta.get("coengagement_weight", 0.0)),
+                     meta.get("rows_source", "track" if meta.get("prior_source") == "track" else "head"))
 

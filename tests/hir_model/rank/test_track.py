@@ -82,19 +82,33 @@ def test_the_head_takes_its_weights_from_the_track_once_it_holds_enough_users(tm
     strength = lambda cut: counts  # noqa: E731
     track = (TrackRecord("r", "s", 160, {"exact": {0.0: 0.1, 4.0: 0.3}, "embeddings": {0.0: 0.2, 8.0: 0.4}}),)
     state = fit_head(history, ids, types, vectors, strength, 0.1, None, CONFIG, track)
-    assert state.prior_source == "track" and state.prior_weight == 4.0 and state.rows_prior_weight == 8.0
+    assert state.prior_source == state.rows_source == "track" and state.prior_weight == 4.0 and state.rows_prior_weight == 8.0
     assert np.allclose(state.items(prior_weight=8.0).prior, 2 * state.items().prior)
     write_head(tmp_path, state)
     back = read_head(tmp_path)
     assert back.track == track and back.prior_weight == 4.0 and back.rows_prior_weight == 8.0 and back.prior_source == "track"
-    short = fit_head(history, ids, types, vectors, strength, 0.1, None, HeadConfig(kernel_weight=0.0, track_min_users=161), track)
+    short = fit_head(history, ids, types, vectors, strength, 0.1, None,
+                     HeadConfig(kernel_weight=0.0, track_min_users=161, rows_track_min_users=161), track)
     # too few users: the held-out fit (none here: no event in its last days), so the configured weight, for both scores
     assert short.prior_source == "config" and short.prior_weight == short.rows_prior_weight == 1.0
+    assert short.rows_source == "head"
     own = fit_head(history, ids, types, vectors, strength, 0.1, None,
-                   HeadConfig(kernel_weight=0.0, track_min_users=161, rows_prior_weight=8.0), track)
-    assert own.prior_weight == 1.0 and own.rows_prior_weight == 8.0  # the rows' own, where one is configured
-    with pytest.raises(ValueError, match="track_min_users"):
-        HeadConfig(track_min_users=0)
+                   HeadConfig(kernel_weight=0.0, track_min_users=161, rows_track_min_users=161, rows_prior_weight=8.0), track)
+    assert own.prior_weight == 1.0 and own.rows_prior_weight == 8.0 and own.rows_source == "config"  # the rows' own setting
+    thin = fit_head(history, ids, types, vectors, strength, 0.1, None,
+                    HeadConfig(kernel_weight=0.0, track_min_users=161, rows_track_min_users=160, rows_prior_weight=2.0), track)
+    # the rows' one weight needs fewer judged users than the full score's pair: the track sets it, the head keeps the config's
+    assert thin.prior_source == "config" and thin.prior_weight == 1.0
+    assert thin.rows_source == "track" and thin.rows_prior_weight == 8.0
+    (tmp_path / "thin").mkdir()
+    write_head(tmp_path / "thin", thin)
+    assert read_head(tmp_path / "thin").rows_source == "track"
+    at_head = fit_head(history, ids, types, vectors, strength, 0.1, None,
+                       HeadConfig(kernel_weight=0.0, track_min_users=161, rows_track_min_users=None), track)
+    assert at_head.rows_source == "head" and at_head.rows_prior_weight == 1.0  # None: the head's threshold
+    for name in ("track_min_users", "rows_track_min_users"):
+        with pytest.raises(ValueError, match=name):
+            HeadConfig(**{name: 0})
 
 
 def test_the_record_does_not_depend_on_how_many_users_are_scored_at_once(monkeypatch):
