@@ -48,6 +48,8 @@ decimal: IDF over window t's catalogue instead of the items known by end(t)). Th
     python benchmarks/quality.py --quick --cases movielens --skip-last 4 --set steps=24 --against /tmp/a.parquet
                                             # a setting against the run saved before it, paired over users (each
                                             # method: the difference pooled over all windows and the last 4, its CI)
+    python benchmarks/quality.py --quick --cases movielens --skip-last 4 --head-set rows_track_min_users=100 \
+        --embed-set users='"broad"'             # any HeadConfig / EmbedConfig field (JSON values)
 
 The publishing and in-process evaluation live in benchmarks/quality_pipeline.py.
 
@@ -221,6 +223,7 @@ def prior_fields(hir) -> str:
     fitted, head = hir.prior_calibration or {}, hir.head or {}
     return (f"hir_prior_weight={hir.prior_weight:g} hir_prior_fitted_users={fitted.get('users', 0)} "
             f"hir_prior_source={head.get('prior_source', '-')} hir_rows_prior_weight={head.get('embeddings_prior_weight', '-')} "
+            f"hir_rows_source={head.get('rows_source', '-')} "
             f"hir_coengagement_weight={head.get('coengagement_weight', '-')}")
 
 
@@ -297,8 +300,13 @@ def main() -> None:
     parser.add_argument("--head-set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a HeadConfig field (hir_model.rank.head; JSON value) over the flags above, e.g. "
                              "--head-set coengagement=false")
+    parser.add_argument("--embed-set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an EmbedConfig field (hir_model.embed; JSON value) over hir.toml's [embed], e.g. "
+                             "--embed-set batch_size=64")
     args = parser.parse_args()
     from hir_assets.index import RankingHeadRun
+
+    embed_set = {k: json.loads(v) for k, v in (f.split("=", 1) for f in args.embed_set)}
 
     head = RankingHeadRun(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days,
                           track_min_users=args.track_min_users, recent_weight=args.recent_weight,
@@ -320,7 +328,7 @@ def main() -> None:
             for size in ((20_000, 80_000) if args.quick else (100_000, 400_000)):
                 source = SyntheticSource(replace(SyntheticConfig(), events_per_window=size), workdir / f"synthetic-{size}")
                 run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir, head=head,
-                         embed=hir_embed_config("synthetic", args.users_view))
+                         embed=replace(hir_embed_config("synthetic", args.users_view), **embed_set))
         if "movielens" in cases:
             from hir_model.data.movielens import MovieLensSource
 
@@ -329,7 +337,7 @@ def main() -> None:
             t0 = time.perf_counter()
             hir_ml = None if args.no_hir else hir_train_overrides("movielens", args.set)
             results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml,
-                               head=head, skip_last=args.skip_last, embed=hir_embed_config("movielens", args.users_view))
+                               head=head, skip_last=args.skip_last, embed=replace(hir_embed_config("movielens", args.users_view), **embed_set))
             movielens_last(results)
             save_and_compare("movielens", results, args.save_users, args.against)
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)
