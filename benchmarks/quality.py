@@ -1,4 +1,4 @@
-"""Next-window ranking quality of HIR and the baselines (popularity, content kNN, ALS, LightGCN), side by side.
+r"""Next-window ranking quality of HIR and the baselines (popularity, content kNN, ALS, LightGCN), side by side.
 
 Cases:
 - `synthetic`: the synthetic ad ecosystem at two sizes (events per window), 8 weekly windows, every window
