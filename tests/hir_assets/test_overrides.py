@@ -65,6 +65,8 @@ def test_a_library_default_change_flows_through():
 def test_set_fields_reach_the_library():
     head = RankingHeadRun(recent_weight=0.0, calibrate_days=0, cold_prior_days=3).head_config()
     assert head == HeadConfig(recent_weight=0.0, calibrate_days=None, cold_prior_days=3.0)  # 0 days: off
+    assert RankingHeadRun(rows_track_min_users=0).head_config().rows_track_min_users is None  # 0: the head's threshold
+    assert RankingHeadRun(rows_track_min_users=50).head_config().rows_track_min_users == 50
     assert BomIndexRun(probe_factor=0).index_config().probe_factor is None  # 0: tuned, as the default
     assert BomIndexRun(probe_factor=2, exact_max=10).index_config() == IndexConfig(probe_factor=2.0, exact_max=10)
     hierarchy = InterestHierarchyRun(top_k=2, centroid_steps=0, reseed_dead=False).hierarchy_config()
