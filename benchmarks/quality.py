@@ -261,6 +261,11 @@ def run_store(root: Path, out: Path, last: int = 4) -> list:
     return results
 
 
+def field_values(pairs: list[str]) -> dict:
+    """`--head-set` / `--embed-set` values: FIELD=JSON pairs as a dict of dataclass fields."""
+    return {k: json.loads(v) for k, v in (p.split("=", 1) for p in pairs)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller synthetic sizes, the last 8 MovieLens windows")
@@ -306,13 +311,13 @@ def main() -> None:
     args = parser.parse_args()
     from hir_assets.index import RankingHeadRun
 
-    embed_set = {k: json.loads(v) for k, v in (f.split("=", 1) for f in args.embed_set)}
+    embed_set = field_values(args.embed_set)
 
     head = RankingHeadRun(prior_weight=args.prior_weight, calibrate_days=args.calibrate_days,
                           track_min_users=args.track_min_users, recent_weight=args.recent_weight,
                           kernel_weight=args.kernel_weight, cold_structure_weight=args.cold_structure_weight,
                           cold_prior_days=args.cold_prior_days).head_config()
-    head = replace(head, **{k: json.loads(v) for k, v in (f.split("=", 1) for f in args.head_set)})
+    head = replace(head, **field_values(args.head_set))
     if args.store:
         run_store(args.store, args.out)
         return
@@ -337,7 +342,8 @@ def main() -> None:
             t0 = time.perf_counter()
             hir_ml = None if args.no_hir else hir_train_overrides("movielens", args.set)
             results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml,
-                               head=head, skip_last=args.skip_last, embed=replace(hir_embed_config("movielens", args.users_view), **embed_set))
+                               head=head, skip_last=args.skip_last,
+                               embed=replace(hir_embed_config("movielens", args.users_view), **embed_set))
             movielens_last(results)
             save_and_compare("movielens", results, args.save_users, args.against)
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)

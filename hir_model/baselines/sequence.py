@@ -31,17 +31,13 @@ import scipy.sparse as sp
 
 from hir_model.protocol.method import decay, event_weights, known_columns
 from hir_model.protocol.split import Interactions, ItemSpace, Queries
-from hir_model.rank.coengagement import context_matrix, item_similarity
+from hir_model.rank.coengagement import SimilarityConfig, context_matrix, item_similarity
 
 
 @dataclass(frozen=True)
-class Item2ItemConfig:
-    window: int | None = 10  # two items co-occur within this many positions of a user's sequence (None: anywhere)
-    backward_weight: float = 1.0  # a later -> earlier pair, relative to earlier -> later (0: strictly "what comes next")
-    fit_half_life_days: float | None = 28.0  # a pair's weight halves every this many days before end(t) (None: no decay)
-    deep_weight: float = 2.0  # a converted item (fit) or a conversion event (context) counts this many times
-    alpha: float = 0.5  # S[c, j] = C[c, j] / (n_c^alpha n_j^(1 - alpha)); 0.5: the cosine
-    neighbours: int = 100  # most similar items kept per item
+class Item2ItemConfig(SimilarityConfig):
+    """The similarity's fields (SimilarityConfig, shared with the ranking head's co-engagement), then the score's."""
+
     half_life_days: float | None = 7.0  # a context event's weight halves every this many days before the user's last one
     popularity_weight: float = 0.05  # x the decayed popularity (max 1): the backfill for items no neighbour reaches
     popularity_half_life_days: float | None = 3.0  # the backfill popularity's decay from end(t)

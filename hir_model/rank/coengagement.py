@@ -28,13 +28,12 @@ COENGAGEMENT_WEIGHTS = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
 @dataclass(frozen=True)
 class SimilarityConfig:
-    """How item-to-item co-engagement is counted (the fields and defaults of hir_model.baselines.sequence's
-    Item2ItemConfig, which reads the same similarity)."""
+    """How item-to-item co-engagement is counted; hir_model.baselines.sequence's Item2ItemConfig extends it."""
 
     window: int | None = 10  # two items co-occur within this many positions of a user's sequence (None: anywhere)
-    backward_weight: float = 1.0  # a later -> earlier pair, relative to earlier -> later
-    fit_half_life_days: float | None = 28.0  # a pair's weight halves every this many days before end(t)
-    deep_weight: float = 2.0  # a converted item counts this many times
+    backward_weight: float = 1.0  # a later -> earlier pair, relative to earlier -> later (0: strictly "what comes next")
+    fit_half_life_days: float | None = 28.0  # a pair's weight halves every this many days before end(t) (None: no decay)
+    deep_weight: float = 2.0  # a converted item (fit) or a conversion event (context) counts this many times
     alpha: float = 0.5  # S[c, j] = C[c, j] / (n_c^alpha n_j^(1 - alpha)); 0.5: the cosine
     neighbours: int = 100  # most similar items kept per item
 
@@ -65,7 +64,7 @@ def _top_per_row(m: sp.csr_matrix, k: int) -> sp.csr_matrix:
 
 def item_similarity(train: Interactions, config: SimilarityConfig) -> sp.csr_matrix:
     """(n_items, n_items) S[c, j], each row its `neighbours` largest entries (hir_model.baselines.sequence's docstring);
-    no self-similarity. `config`: a SimilarityConfig or anything with its fields (the baseline's Item2ItemConfig)."""
+    no self-similarity. `config`: a SimilarityConfig (the baseline's Item2ItemConfig is one)."""
     user, item, w, start = _sequences(train, config.deep_weight)
     n = train.n_items
     if config.window is None:
@@ -108,12 +107,17 @@ def coengagement_similarity(train: Interactions, deep_weight: float) -> sp.csr_m
     return item_similarity(train, SimilarityConfig(deep_weight=deep_weight))
 
 
+def coengagement_rows(queries: Queries, similarity: sp.csr_matrix, half_life_days: float | None,
+                      deep_weight: float) -> sp.csr_matrix:
+    """(Q, N) sparse: each query's recency-weighted co-engagement with every item; context items are rows of
+    `similarity` (square); an empty row for a query without context."""
+    return (context_matrix(queries, similarity.shape[0], half_life_days, deep_weight) @ similarity).tocsr()
+
+
 def coengagement_scores(queries: Queries, similarity: sp.csr_matrix, half_life_days: float | None, deep_weight: float,
                         columns: np.ndarray | None = None) -> np.ndarray:
-    """(Q, C) float32 each query's recency-weighted co-engagement with the item rows `columns` (None: all); context items
-    and columns are rows of `similarity` (square); zero for a query without context."""
-    n = similarity.shape[0]
-    m = context_matrix(queries, n, half_life_days, deep_weight) @ similarity
+    """(Q, C) float32 `coengagement_rows` at the item rows `columns` (None: all), dense."""
+    m = coengagement_rows(queries, similarity, half_life_days, deep_weight)
     m = m if columns is None else m[:, columns]
     return m.toarray().astype(np.float32)
 
@@ -121,8 +125,7 @@ def coengagement_scores(queries: Queries, similarity: sp.csr_matrix, half_life_d
 def coengagement_at(queries: Queries, similarity: sp.csr_matrix, half_life_days: float | None, deep_weight: float,
                     q: np.ndarray, c: np.ndarray) -> np.ndarray:
     """(P,) float32 coengagement_scores(...)[q, c] without the dense (Q, N) matrix."""
-    m = (context_matrix(queries, similarity.shape[0], half_life_days, deep_weight) @ similarity).tocsr()
-    return np.asarray(m[q, c], np.float32).ravel()
+    return np.asarray(coengagement_rows(queries, similarity, half_life_days, deep_weight)[q, c], np.float32).ravel()
 
 
 def top_of_row(m: sp.csr_matrix, row: int, n: int) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 
 from hir_model.protocol.metrics import Ragged, in_sorted
 from hir_model.protocol.split import ItemSpace, Queries, warm_queries
-from hir_model.rank.coengagement import context_matrix, top_of_row
+from hir_model.rank.coengagement import coengagement_rows, top_of_row
 from hir_model.rank.head import HeadConfig, head_scores, kernel_items, warm_query
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head
 from hir_model.retrieval.index import DEFAULT_PROBE_FACTOR, Hit
@@ -195,8 +195,8 @@ class Recommender:
         recent = kernel_items(batch.queries, self.config.recent_half_life_days, self.config.deep_weight)
         co = None
         if self.items.coengagement is not None and batch.warm.any():
-            co = (context_matrix(batch.queries, self.state.n_items, self.config.coengagement_half_life_days,
-                                 self.config.deep_weight) @ self.items.coengagement).tocsr()
+            co = coengagement_rows(batch.queries, self.items.coengagement, self.config.coengagement_half_life_days,
+                                   self.config.deep_weight)
         out = []
         for q in range(len(batch.queries)):
             skip = np.zeros(0, np.int64) if include_seen else np.unique(seen.row(q))
