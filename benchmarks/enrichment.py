@@ -7,8 +7,11 @@ speed only) for what a pretrained tower would cost here.
 
     python benchmarks/enrichment.py            # 512 texts, 2048 images, + ViT-B-32, fp32 and bf16 text (minutes)
     python benchmarks/enrichment.py --quick    # 128 texts, 256 images (seconds)
+    ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/enrichment.py --quick --text-dtypes float32,bfloat16
+                                               # as a CPU without AVX512-BF16 / AMX runs them (what "auto" avoids)
 
-Prints one `key=value` line per case, then `case=ratio` lines: batched over one-by-one entities/s.
+Prints one `key=value` line per case, then `case=ratio` lines: batched over one-by-one entities/s, and bfloat16 over
+float32 text where both ran; `case=dtype` says what HIR_TEXT_DTYPE=auto picks on this CPU.
 """
 
 from __future__ import annotations
@@ -60,18 +63,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="128 texts and 256 images, no ViT-B-32, fp32 only")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2; 1 is steadier on a busy machine)")
+    parser.add_argument("--text-dtypes", default=None,
+                        help="MiniLM dtypes to measure, comma-separated (default: float32 with --quick, else float32,bfloat16)")
     args = parser.parse_args()
     import torch
 
     from hir_model.content import CatalogClipConfig, ImageEncoder, TextEncoder, TextEncoderConfig
     from hir_model.content.catalog_clip import build_model, preprocess
+    from hir_model.content.text import native_bf16, resolve_dtype
 
     torch.set_num_threads(args.threads)
     n_texts, n_images = (128, 256) if args.quick else (512, 2048)
     texts, images = corpus(n_texts, n_images)
     single_n = 32 if args.quick else 64  # one-by-one runs over a prefix (same per-item cost, less waiting)
 
-    for dtype in ("float32",) if args.quick else ("float32", "bfloat16"):
+    dtypes = args.text_dtypes.split(",") if args.text_dtypes else ["float32"] if args.quick else ["float32", "bfloat16"]
+    print(f"case=dtype native_bf16={native_bf16()} auto={resolve_dtype('auto')}", flush=True)
+    text_rate = {}
+    for dtype in dtypes:
         encoder = TextEncoder(TextEncoderConfig(dtype=dtype))
         batched = rate(encoder.encode, texts, 64)  # (the texts are distinct: nothing is de-duplicated away)
         single = rate(encoder.encode, texts[:single_n], None)
@@ -80,6 +89,9 @@ def main() -> None:
               f"mean_tokens={sum(map(len, tokens)) / len(tokens):.0f} batch=64 entities_per_s={batched:.1f} "
               f"one_by_one_entities_per_s={single:.1f}", flush=True)
         print(f"case=ratio what=text dtype={dtype} batched_over_one_by_one={batched / single:.2f}", flush=True)
+        text_rate[resolve_dtype(dtype)] = batched
+    if len(text_rate) == 2:
+        print(f"case=ratio what=text bfloat16_over_float32={text_rate['bfloat16'] / text_rate['float32']:.2f}", flush=True)
 
     towers = [("catalog_clip", build_model(CatalogClipConfig().model_config()), preprocess(CatalogClipConfig().image_size))]
     if not args.quick:

