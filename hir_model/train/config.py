@@ -114,8 +114,11 @@ class TeacherConfig:
     centre_momentum: float = 0.9  # EMA momentum of the readout centre (hir_model.train.trainer.recentre)
     sinkhorn_eps: float = 0.05  # entropic regularisation of the balanced teacher targets (SwAV's epsilon)
     sinkhorn_iters: int = 3  # Sinkhorn-Knopp iterations
+    publish: str = "teacher"  # which network the checkpoint exports (its `model`, prototypes and version): "teacher" | "student"
 
     def __post_init__(self) -> None:
+        if self.publish not in ("teacher", "student"):
+            raise ValueError(f"TeacherConfig.publish must be 'teacher' or 'student', got {self.publish!r}")
         if not 0 <= self.momentum_start <= self.momentum_end <= 1:
             raise ValueError(f"0 <= momentum_start <= momentum_end <= 1 is required, got {self.momentum_start}, "
                              f"{self.momentum_end}")

@@ -60,7 +60,7 @@ class TrainResult:
     samples_per_s: float
     backend: str
     probe_nodes: list[int] = field(default_factory=list)
-    probe_embeddings: list[list[float]] = field(default_factory=list)  # (probe_size, W) of the exported (teacher) model
+    probe_embeddings: list[list[float]] = field(default_factory=list)  # (probe_size, W) of the exported model (TeacherConfig.publish)
     held_out_start: float = float("nan")  # total loss on the fixed held-out batches before this call's steps
     held_out_final: float = float("nan")  # ... and after them
     version: str = ""
@@ -89,13 +89,19 @@ def _all_reduce_mean(x: float, device: torch.device) -> float:
 
 def _state(student: HIRModel, teacher: HIRModel, loss_fn: DistillationLoss, opt: torch.optim.Optimizer, cfg: TrainConfig,
            window: str, window_step: int, base_step: int, complete: bool, extra: dict) -> dict:
-    protos = teacher.normalised_prototypes()
+    exported = published(student, teacher, cfg)
+    protos = exported.normalised_prototypes()
     parents = [parent_assignment(protos[l], protos[l - 1], cfg.objective.consistency_temp).argmax(-1).cpu() for l in range(1, len(protos))]
-    return dict(path_args=(teacher.encoder, protos, base_step + window_step),
+    return dict(path_args=(exported.encoder, protos, base_step + window_step),
                 optimizer=opt.state_dict(), window=window,
                 extra={"train_config": cfg.to_dict(), "student": _cpu(student.state_dict()), "teacher": _cpu(teacher.state_dict()),
                        "loss": _cpu(loss_fn.state_dict()), "window_step": window_step, "base_step": base_step, "complete": complete,
                        "global_levels": cfg.prototypes.global_levels, "parents": parents, **extra})
+
+
+def published(student: HIRModel, teacher: HIRModel, cfg: TrainConfig) -> HIRModel:
+    """The network the checkpoint exports (TrainConfig.teacher.publish): what embeds, assigns and is checked downstream."""
+    return student if cfg.teacher.publish == "student" else teacher
 
 
 def _cpu(state: dict) -> dict:
@@ -372,9 +378,10 @@ def _train_window(data: TrainData, cfg: TrainConfig, out: Path | None, init: Pat
                          precision="fp32" if dtype is None else "bf16")
     if rank != 0:
         return result
-    entropy, share = collapse_metrics(teacher, data, cfg)
+    exported = published(student, teacher, cfg)
+    entropy, share = collapse_metrics(exported, data, cfg)
     nodes = probe_nodes(data, cfg)
-    probe = embed_nodes(teacher, teacher.global_tokens(), data, nodes, cfg)
+    probe = embed_nodes(exported, exported.global_tokens(), data, nodes, cfg)
     result = replace(result, usage_entropy=entropy, usage_share=share, probe_nodes=nodes.tolist(), probe_embeddings=probe.tolist())
     if out is not None:
         extra = {"probe_nodes": torch.from_numpy(nodes), "probe_embeddings": probe, "losses": torch.tensor(losses)}

@@ -305,3 +305,20 @@ def test_precision_is_float32_on_cpu_unless_asked_and_bf16_still_reproduces_the_
     model = load_trained_model(tmp_path / "b.pt")  # the probe is embedded in float32 after training, as a reader does
     again = embed_nodes(model.encoder, model.global_tokens, data, np.array(r.probe_nodes), tiny_config())
     torch.testing.assert_close(again, torch.tensor(r.probe_embeddings), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("publish", ["teacher", "student"])
+def test_the_checkpoint_exports_the_network_publish_names_and_reproduces_its_probe(tmp_path, publish):
+    data, _ = tiny_data()
+    cfg = tiny_config(publish=publish)
+    r = train_window(data, cfg, tmp_path / "c.pt", window="w0")
+    payload = load_checkpoint(tmp_path / "c.pt")
+    chosen, other = (payload["extra"][publish], payload["extra"]["student" if publish == "teacher" else "teacher"])
+    exported = payload["model"]
+    assert all(torch.equal(v, chosen[f"encoder.{k}"]) for k, v in exported.items())
+    assert not all(torch.equal(v, other[f"encoder.{k}"]) for k, v in exported.items())  # the two networks differ
+    for l, p in enumerate(payload["prototypes"]):
+        torch.testing.assert_close(p, torch.nn.functional.normalize(chosen[f"prototypes.{l}"].float(), dim=-1))
+    model = load_trained_model(tmp_path / "c.pt")
+    again = embed_nodes(model.encoder, model.global_tokens, data, np.array(r.probe_nodes), cfg)
+    torch.testing.assert_close(again, torch.tensor(r.probe_embeddings), atol=1e-5, rtol=1e-5)
