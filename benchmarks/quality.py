@@ -75,6 +75,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -184,9 +185,16 @@ def comparisons(name: str, results: list, last: int = 4) -> None:
                   f"users_per_window={users_per_window:.1f}", flush=True)
 
 
-def save_and_compare(name: str, results: list, save: Path | None, against: Path | None, last: int = 4) -> None:
+def per_case(path: Path | None, case: str) -> Path | None:
+    """`path` for one synthetic case: its stem + `-<case>` (a.parquet -> a-synthetic_20k.parquet)."""
+    return None if path is None else path.with_name(f"{path.stem}-{case}{path.suffix}")
+
+
+def save_and_compare(name: str, results: list, save: Path | None, against: Path | None, last: int = 4,
+                     targets: tuple[tuple[str, str], ...] = (("known", "deep_funnel"),)) -> None:
     """Write the run's per-user values to `save` (parquet); compare every method with the same method of the run saved
-    in `against` (paired over the users both judged: `compare_runs`), warm and cold deep-funnel Recall@20 on known items."""
+    in `against` (paired over the users both judged: `compare_runs`), warm and cold Recall@20 for each (items, target)
+    of `targets` (known items' deep funnel; the synthetic cases add new items' engagement)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -197,9 +205,9 @@ def save_and_compare(name: str, results: list, save: Path | None, against: Path 
     if against is None:
         return
     saved = pq.read_table(against)
-    for users in ("warm", "cold"):
-        for r in compare_runs(results, saved, users=users, last=last):
-            print(f"case={name} against={against.name} method={r.method} users={users} scope={r.scope} "
+    for (items, target), users in itertools.product(targets, ("warm", "cold")):
+        for r in compare_runs(results, saved, users=users, items=items, target=target, last=last):
+            print(f"case={name} against={against.name} method={r.method} users={users} items={items} target={target} scope={r.scope} "
                   f"now={r.method_value:.4f} saved={r.reference_value:.4f} diff={r.diff:+.4f} ci95={r.low:+.4f}..{r.high:+.4f} "
                   f"verdict={r.verdict} windows={r.windows}", flush=True)
 
@@ -279,7 +287,8 @@ def main() -> None:
     parser.add_argument("--users-view", choices=("broad", "narrow"),
                         help="warm users' embedding view over hir.toml's [embed] users (EmbedConfig.users)")
     parser.add_argument("--save-users", type=Path, metavar="FILE",
-                        help="write the MovieLens case's per-user values (parquet), for a later --against")
+                        help="write the MovieLens case's per-user values (parquet), for a later --against; each synthetic "
+                             "case's go beside it (FILE's stem + -synthetic_20k ...)")
     parser.add_argument("--against", type=Path, metavar="FILE",
                         help="compare each method with the same method of a run saved with --save-users, paired over users")
     parser.add_argument("--skip-last", type=int, default=0, metavar="N",
@@ -332,8 +341,11 @@ def main() -> None:
 
             for size in ((20_000, 80_000) if args.quick else (100_000, 400_000)):
                 source = SyntheticSource(replace(SyntheticConfig(), events_per_window=size), workdir / f"synthetic-{size}")
-                run_case(f"synthetic_{size // 1000}k", source, workdir, args.out, hir=hir, head=head,
-                         embed=replace(hir_embed_config("synthetic", args.users_view), **embed_set))
+                name = f"synthetic_{size // 1000}k"
+                results = run_case(name, source, workdir, args.out, hir=hir, head=head,
+                                   embed=replace(hir_embed_config("synthetic", args.users_view), **embed_set))
+                save_and_compare(name, results, per_case(args.save_users, name), per_case(args.against, name),
+                                 targets=(("known", "deep_funnel"), ("new", "engagement")))
         if "movielens" in cases:
             from hir_model.data.movielens import MovieLensSource
 
