@@ -31,12 +31,12 @@ def corpus(n_texts: int, n_images: int):
     import numpy as np
 
     from hir_model.content.entity_text import entity_texts
-    from hir_model.data.synthetic import SyntheticConfig, SyntheticSource
+    from hir_model.data.synthetic import KINDS, SyntheticConfig, SyntheticSource
     from hir_model.data.synthetic_images import draw
 
     source = SyntheticSource(SyntheticConfig(), Path(tempfile.gettempdir()) / "hir-bench-unused")
-    table = source._catalog.filter(np.asarray(source._catalog["entity_type"].to_numpy(zero_copy_only=False)) == "product")
-    texts = entity_texts(table.slice(0, n_texts))
+    products = source._kind_rows(KINDS.index("product"), np.arange(min(n_texts, len(source.world.products.fs))))
+    texts = entity_texts(products)
     h, cfg, fine = source.world.hierarchy, source.config, source.world.products.fine
     images = [draw(cfg.seed, i, cfg.image_size, (int(h.coarse_of(fine[i])), int(h.mid_of(fine[i])), int(fine[i])), cfg.branching)
               for i in range(n_images)]
