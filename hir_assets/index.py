@@ -41,8 +41,9 @@ class RankingHeadRun(Overrides):
     """Overrides of HeadConfig (hir_model.rank.head), where the defaults and their meaning are declared."""
 
     zero_means_none: ClassVar[frozenset[str]] = frozenset({"calibrate_days", "cold_prior_days", "track_min_users",
-                                                         "rows_track_min_users"})
+                                                         "rows_track_min_users", "prior_half_life_days"})
     prior_weight: Optional[float] = None  # the item prior's weight where it is not fitted; 0: no prior
+    prior_half_life_days: Optional[float] = None  # the prior from the window's history decayed at this half-life; 0: graph(t)'s
     rows_prior_weight: Optional[float] = None  # its weight beside the rows alone until the track has evidence; unset: the head's
     coengagement_weight: Optional[float] = None  # co-engagement's weight until the track has evidence; 0: none till then
     calibrate_days: Optional[float] = None  # the prior's weight fitted on the window's last days; 0: not fitted

@@ -120,6 +120,14 @@ def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at
     return PriorCalibration(weight, recall, users, cut)
 
 
+def decayed_engagement(train: Interactions, cutoff_us: int, half_life_days: float, deep_weight: float) -> np.ndarray:
+    """(n_items,) each item's engagement before `cutoff_us`: 1 per event, `deep_weight` for a conversion, x 2^(-age /
+    half-life), age counted back from the cutoff (the popularity baseline's estimate, as of any cutoff <= end(t))."""
+    before = train.ts < cutoff_us
+    weight = event_weights(train.deep[before], deep_weight) * decay(cutoff_us - train.ts[before], half_life_days)
+    return np.bincount(train.item[before], weights=weight, minlength=train.n_items)
+
+
 def new_user_engagement(train: Interactions, days: float, half_life_days: float | None, deep_weight: float) -> np.ndarray:
     """(n_items,) each item's engagements made within `days` of their user's first event (module docstring): 1 per event,
     `deep_weight` for a conversion, x 2^(-age / half-life), age counted back from end(t) (None: no decay)."""

@@ -16,7 +16,7 @@ published head state (hir_model.rank.state): the items' vectors and priors, the 
   place in graph(t) (the stage-weighted unit mean of its context items' encodings) and each item's encoding.
 - The item prior. log p(item | user) = PMI + log p(item); unit-norm rows carry the first, so the head adds the second
   as matrix factorisation's item bias: prior_weight x temp x log prior(item), temp the checkpoint's engagement
-  temperature, prior(item) its decayed engagement in graph(t). Cold users take the new users' prior instead (the
+  temperature, prior(item) its decayed engagement in graph(t) or, with `prior_half_life_days`, in window t's history. Cold users take the new users' prior instead (the
   engagements made in their users' first days) where the structural readout applies. Weights and priors are fitted at
   end(t) (hir_model.rank.fit).
 - Co-engagement. Warm users add coengagement_weight x their history's recency-weighted item-to-item co-engagement with
@@ -47,6 +47,8 @@ class HeadConfig:
     kernel_temp: float = 0.1  # the kernel's temperature on cosines (-> 0: the best single recent item; large: their mean)
     kernel_min_share: float = 1e-3  # recent items below this share of the user's heaviest are left out of the kernel
     cold_structure_weight: float = 0.85  # a cold user's score: (1 - s) x encoder vector.v + s x structural readout; 0: off
+    prior_half_life_days: float | None = None  # the item prior: window t's engagements decayed at this half-life from the
+    # cutoff (1 per event, deep_weight per conversion); None: the items' decayed strength in graph(t)
     prior_weight: float = 1.0  # the item prior's weight in the training's logit units; where calibration fits none
     rows_prior_weight: float | None = None  # its weight beside the published rows alone until the track record has
     # evidence (None: the head's; the held-out fit judges only the recent-items part, the rows have seen its days)
@@ -69,7 +71,7 @@ class HeadConfig:
             raise ValueError(f"{', '.join(shares)} must be in [0, 1], got {shares}")
         positive = {"kernel_temp": self.kernel_temp, "recent_half_life_days": self.recent_half_life_days,
                     "cold_prior_half_life_days": self.cold_prior_half_life_days, "calibrate_days": self.calibrate_days,
-                    "cold_prior_days": self.cold_prior_days,
+                    "prior_half_life_days": self.prior_half_life_days, "cold_prior_days": self.cold_prior_days,
                     "coengagement_half_life_days": self.coengagement_half_life_days}
         if any(v is not None and v <= 0 for v in positive.values()):
             raise ValueError(f"{', '.join(positive)} must be > 0 (or None where optional), got {positive}")

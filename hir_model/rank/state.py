@@ -29,7 +29,7 @@ import scipy.sparse as sp
 
 from data_contracts.head import HEAD_COENGAGEMENT_SCHEMA, HEAD_HISTORY_SCHEMA, HEAD_ITEMS_SCHEMA
 from hir_model.protocol.split import Interactions
-from hir_model.rank.fit import WEIGHTS, PriorCalibration, fit_prior_weight, floored_log, new_user_engagement
+from hir_model.rank.fit import WEIGHTS, PriorCalibration, fit_prior_weight, decayed_engagement, floored_log, new_user_engagement
 from hir_model.rank.head import HeadConfig, ItemSide
 from hir_model.rank.coengagement import coengagement_similarity, padded
 from hir_model.rank.track import TrackRecord, pooled_choice, pooled_weight
@@ -108,7 +108,8 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
              strength_at, temp: float, structure: np.ndarray | None, config: HeadConfig = HeadConfig(),
              track: tuple[TrackRecord, ...] = ()) -> HeadState:
     """The state at end(t) from window t and the earlier heads' `track` records. `strength_at(cutoff_us)`: (N,) each
-    item's decayed engagement in graph(t) as of a cutoff <= end(t) (None: no graph, no prior); `temp`: the checkpoint's
+    item's decayed engagement in graph(t) as of a cutoff <= end(t) (None: no graph, no prior; unused where
+    `config.prior_half_life_days` takes the prior from `train`); `temp`: the checkpoint's
     engagement temperature (0: no prior); `structure`: the items' structural encodings when the encoder reads them.
     The prior's and the co-engagement's weights: from the track once it holds `config.track_min_users` judged users,
     else the held-out fit (the head's prior weight) and the config's (`prior_weight`, `coengagement_weight`). The rows'
@@ -117,7 +118,11 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
         raise ValueError(f"{len(item_ids)} item ids and {len(vectors)} vectors for {train.n_items} items of the history")
 
     def prior_at(cutoff_us: int) -> tuple[np.ndarray, float] | None:
-        if not temp or strength_at is None:
+        if not temp:
+            return None
+        if config.prior_half_life_days is not None:
+            return floored_log(decayed_engagement(train, cutoff_us, config.prior_half_life_days, config.deep_weight), temp)
+        if strength_at is None:
             return None
         return floored_log(np.asarray(strength_at(cutoff_us), np.float64), temp)
 

@@ -8,7 +8,7 @@ import numpy as np
 from hir_model.protocol.method import US_PER_DAY as DAY_US
 from hir_model.protocol.metrics import Ragged
 from hir_model.protocol.split import Interactions, Queries
-from hir_model.rank.fit import WEIGHTS, fit_prior_weight, held_out_split, new_user_engagement
+from hir_model.rank.fit import WEIGHTS, decayed_engagement, fit_prior_weight, held_out_split, new_user_engagement
 from hir_model.rank.head import HeadConfig, interest_kernel, recent_items
 
 END = 100 * DAY_US
@@ -59,6 +59,32 @@ def test_the_new_users_prior_counts_engagements_in_their_users_first_days():
     np.testing.assert_allclose(out, [1.0, 2.0 + 1.0, 1.0, 2.0])  # u0's day-17 click on item 2 is a day too late
     decayed = new_user_engagement(train, days=7.0, half_life_days=10.0, deep_weight=2.0)  # END is day 100
     np.testing.assert_allclose(decayed, [2 ** -9.0, 2 * 2 ** -8.4 + 2 ** -0.9, 2 ** -1.0, 2 * 2 ** -9.5])
+
+
+def test_the_decayed_prior_counts_only_events_before_its_cutoff_and_ages_them_from_it():
+    train = _train([(0, 0, 90, False), (0, 1, 96, True), (1, 1, 99, False), (1, 2, 50, True)], 4)
+    out = decayed_engagement(train, END, half_life_days=3.0, deep_weight=2.0)  # END is day 100
+    np.testing.assert_allclose(out, [2 ** (-10 / 3), 2 * 2 ** (-4 / 3) + 2 ** (-1 / 3), 2 * 2 ** (-50 / 3), 0.0])
+    at = decayed_engagement(train, END - 3 * DAY_US, half_life_days=3.0, deep_weight=2.0)  # day 97: day 99 is later
+    np.testing.assert_allclose(at, [2 ** (-7 / 3), 2 * 2 ** (-1 / 3), 2 * 2 ** (-47 / 3), 0.0])
+
+
+def test_the_head_takes_its_prior_from_the_history_when_given_a_half_life():
+    from hir_model.rank.state import fit_head
+
+    train = _train([(0, 0, 99, False), (1, 0, 98, False), (2, 1, 40, True), (3, 1, 41, True), (4, 1, 42, True)], 3)
+    vectors = np.eye(3, dtype=np.float32)
+    stale = lambda cut: np.array([1.0, 5.0, 0.0])  # noqa: E731  the graph's strength: item 1 (long ago) leads
+    config = HeadConfig(calibrate_days=None, track_min_users=None)
+    graph = fit_head(train, np.array(["a", "b", "c"], object), np.array(["product"] * 3, object), vectors, stale, 0.1,
+                     None, config)
+    recent = fit_head(train, np.array(["a", "b", "c"], object), np.array(["product"] * 3, object), vectors, stale, 0.1,
+                      None, HeadConfig(calibrate_days=None, track_min_users=None, prior_half_life_days=3.0))
+    assert graph.log_prior[1] > graph.log_prior[0] and recent.log_prior[0] > recent.log_prior[1]
+    assert recent.log_prior[2] == recent.prior_floor < recent.log_prior[1]  # never engaged: the floor
+    no_graph = fit_head(train, np.array(["a", "b", "c"], object), np.array(["product"] * 3, object), vectors, None, 0.1,
+                        None, HeadConfig(calibrate_days=None, track_min_users=None, prior_half_life_days=3.0))
+    np.testing.assert_array_equal(no_graph.log_prior, recent.log_prior)  # the history alone makes it
 
 
 def _popularity_world(targets_follow: str, n_users: int = 40):
