@@ -100,6 +100,9 @@ class _Tables:
     relation_seen: np.ndarray  # (R,)
 
 
+_LOADED: dict[str, tuple[tuple, _Tables]] = {}  # resolved root -> (its files' sizes and mtimes, their parsed tables)
+
+
 class MovieLensSource(Source):
     name = "movielens"
 
@@ -121,7 +124,13 @@ class MovieLensSource(Source):
             if missing:
                 raise FileNotFoundError(f"{self.root} lacks {missing}: call prepare() or run "
                                         f"`python -m hir_model.data.fetch {self.data_dir}`")
-            self._tables = self._load()
+            # one parse per process while the files are unchanged: each asset builds its own source, and the demo runs
+            # every window's assets in one process (about 1 s a parse, 3-4 parses a window)
+            key = tuple((name, st.st_size, st.st_mtime_ns) for name in FILES for st in [(self.root / name).stat()])
+            cached = _LOADED.get(str(self.root.resolve()))
+            if cached is None or cached[0] != key:
+                cached = _LOADED[str(self.root.resolve())] = (key, self._load())
+            self._tables = cached[1]
         return self._tables
 
     def span(self) -> tuple[datetime, datetime]:

@@ -206,3 +206,17 @@ def test_entities_and_features(final):
     assert toy["description"].startswith("Toy Story (1995). Genres: Animation, Children's, Comedy.")
     kg = catalog.filter(pc.equal(catalog["entity_type"], "kg_entity"))
     assert {"actor", "genre", "writer"} <= set(kg["category"].to_pylist())
+
+
+def test_sources_on_unchanged_files_share_one_parse_and_a_changed_file_is_parsed_again(source, tmp_path):
+    import shutil
+
+    root = tmp_path / "ml-100k"
+    shutil.copytree(source.root, root)
+    first, second = MovieLensSource(tmp_path), MovieLensSource(tmp_path)
+    assert first.tables is second.tables  # the demo's assets each build a source in one process
+    inter = root / "ml-100k.inter"
+    lines = inter.read_text().splitlines()
+    inter.write_text("\n".join(lines[:-1]) + "\n")  # one rating fewer
+    third = MovieLensSource(tmp_path)
+    assert third.tables is not first.tables and len(third.tables.events) == len(first.tables.events) - 1
