@@ -93,10 +93,31 @@ def resolve_model(name: str) -> tuple[Path, str]:
                                  f"(nothing is downloaded): configure a folder path instead ({type(exc).__name__})") from exc
 
 
+def _hashed_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _HASHED)
+
+
+def files_key(folder: Path) -> tuple:
+    """The folder and its hashed files' names, sizes and mtimes: what the per-process caches below are keyed by."""
+    return (str(folder.resolve()),) + tuple((p.name, st.st_size, st.st_mtime_ns) for p in _hashed_files(folder)
+                                            for st in [p.stat()])
+
+
+# Per process, while a folder's files are unchanged: its digest, tokenizer and (per dtype) model. Each window's content
+# step builds its encoders again and the demo runs every window in one process (about 1 s a window: load and hash).
+_LOADED: dict[tuple, object] = {}
+
+
+def _cached(key: tuple, load: Callable[[], object]):
+    if key not in _LOADED:
+        _LOADED[key] = load()
+    return _LOADED[key]
+
+
 def folder_digest(folder: Path) -> str:
     """sha256 over the names and bytes of a model folder's config, tokenizer and weight files (top level)."""
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _HASHED):
+    for path in _hashed_files(folder):
         h.update(path.name.encode())
         with path.open("rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 22), b""):
@@ -116,22 +137,28 @@ class TextEncoder:
         self.config = config
         self.dtype = resolve_dtype(config.dtype)  # "auto" resolved: the version names what actually runs
         self.folder, self.name = resolve_model(config.model)
-        self.dim = int(AutoConfig.from_pretrained(self.folder, local_files_only=True).hidden_size)
+        self._key = files_key(self.folder)
+        self.dim = int(_cached(("dim",) + self._key,
+                               lambda: AutoConfig.from_pretrained(self.folder, local_files_only=True).hidden_size))
         settings = f"mean-pool;l2;max_length={config.max_length};dtype={self.dtype}"
-        self.version = f"{self.name}@{hashlib.sha256((folder_digest(self.folder) + settings).encode()).hexdigest()[:12]}"
+        digest = _cached(("digest",) + self._key, lambda: folder_digest(self.folder))
+        self.version = f"{self.name}@{hashlib.sha256((digest + settings).encode()).hexdigest()[:12]}"
 
     @cached_property
     def tokenizer(self):
         """Loaded on first use: a window whose texts are all reused never loads the model (0.5 s of its fixed cost)."""
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
+        return _cached(("tokenizer",) + self._key, lambda: AutoTokenizer.from_pretrained(self.folder, local_files_only=True))
 
     @cached_property
     def model(self) -> torch.nn.Module:
+        """Inference only (eval mode, under inference_mode), so encoders of one folder and dtype share it."""
         from transformers import AutoModel
 
-        return AutoModel.from_pretrained(self.folder, local_files_only=True, dtype=getattr(torch, self.dtype)).eval()
+        return _cached(("model", self.dtype) + self._key,
+                       lambda: AutoModel.from_pretrained(self.folder, local_files_only=True,
+                                                         dtype=getattr(torch, self.dtype)).eval())
 
     @property
     def weights(self) -> str:

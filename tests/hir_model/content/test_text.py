@@ -55,6 +55,28 @@ def test_the_model_loads_only_when_a_text_is_encoded(text_encoder):
     assert "model" in vars(fresh)
 
 
+def test_encoders_of_one_unchanged_folder_share_its_load_and_a_changed_folder_is_read_again(text_encoder, tmp_path):
+    import shutil
+
+    text_encoder.encode(["a red shoe"])
+    again = TextEncoder(TextEncoderConfig())  # each window's content step builds its encoders again
+    np.testing.assert_array_equal(again.encode(["a red shoe"]), text_encoder.encode(["a red shoe"]))
+    assert again.model is text_encoder.model
+    assert again.tokenizer is text_encoder.tokenizer
+    bf16 = TextEncoder(TextEncoderConfig(dtype="bfloat16"))
+    bf16.encode(["a red shoe"])
+    assert bf16.model is not text_encoder.model and str(bf16.model.dtype) == "torch.bfloat16"  # one model per dtype
+    copy = tmp_path / "minilm"
+    shutil.copytree(packaged_model_dir(), copy)
+    copied = TextEncoder(TextEncoderConfig(model=str(copy)))
+    digest = lambda e: e.version.split("@")[1]  # noqa: E731  the name part is the folder's
+    assert digest(copied) == digest(text_encoder)  # same bytes, same version
+    config = copy / "config.json"
+    config.write_text(config.read_text().replace('"hidden_act"', '"hir_note": "edited", "hidden_act"', 1))
+    edited = TextEncoder(TextEncoderConfig(model=str(copy)))
+    assert digest(edited) != digest(copied)  # the edit is read, not served from the cache
+
+
 def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it_natively(monkeypatch):
     from hir_model.content import text
 
