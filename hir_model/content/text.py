@@ -104,7 +104,7 @@ def files_key(folder: Path) -> tuple:
 
 
 # Per process, while a folder's files are unchanged: its digest, tokenizer and (per dtype) model. Each window's content
-# step builds its encoders again and the demo runs every window in one process (about 1 s a window: load and hash).
+# step builds its encoders again, and the demo runs every window in one process (each build hashed the weights again).
 _LOADED: dict[tuple, object] = {}
 
 
