@@ -120,19 +120,24 @@ def fit_prior_weight(train: Interactions, item_vectors: np.ndarray, log_prior_at
     return PriorCalibration(weight, recall, users, cut)
 
 
+def _engagement(train: Interactions, keep: np.ndarray, as_of_us: int, half_life_days: float | None,
+                deep_weight: float) -> np.ndarray:
+    """(n_items,) the kept events per item: 1 each, `deep_weight` for a conversion, x 2^(-age / half-life), age counted
+    back from `as_of_us` (None: no decay)."""
+    weight = event_weights(train.deep[keep], deep_weight) * decay(as_of_us - train.ts[keep], half_life_days)
+    return np.bincount(train.item[keep], weights=weight, minlength=train.n_items)
+
+
 def decayed_engagement(train: Interactions, cutoff_us: int, half_life_days: float, deep_weight: float) -> np.ndarray:
-    """(n_items,) each item's engagement before `cutoff_us`: 1 per event, `deep_weight` for a conversion, x 2^(-age /
-    half-life), age counted back from the cutoff (the popularity baseline's estimate, as of any cutoff <= end(t))."""
-    before = train.ts < cutoff_us
-    weight = event_weights(train.deep[before], deep_weight) * decay(cutoff_us - train.ts[before], half_life_days)
-    return np.bincount(train.item[before], weights=weight, minlength=train.n_items)
+    """(n_items,) each item's engagement before `cutoff_us`, decayed from the cutoff (`_engagement`): the popularity
+    baseline's estimate, as of any cutoff <= end(t)."""
+    return _engagement(train, train.ts < cutoff_us, cutoff_us, half_life_days, deep_weight)
 
 
 def new_user_engagement(train: Interactions, days: float, half_life_days: float | None, deep_weight: float) -> np.ndarray:
-    """(n_items,) each item's engagements made within `days` of their user's first event (module docstring): 1 per event,
-    `deep_weight` for a conversion, x 2^(-age / half-life), age counted back from end(t) (None: no decay)."""
+    """(n_items,) each item's engagements made within `days` of their user's first event (module docstring), decayed
+    from end(t) (`_engagement`)."""
     first = np.full(train.n_users, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(first, train.user, train.ts)
     early = train.ts - first[train.user] < days * US_PER_DAY
-    weight = event_weights(train.deep, deep_weight) * decay(train.end_us - train.ts, half_life_days)
-    return np.bincount(train.item[early], weights=weight[early], minlength=train.n_items)
+    return _engagement(train, early, train.end_us, half_life_days, deep_weight)
