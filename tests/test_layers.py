@@ -15,6 +15,7 @@ TOP = ("hir_model", "hir_assets", "dagster_project", "data_contracts")
 LAYERS = (
     "hir_model",  # the package's own __init__ (a docstring)
     "hir_model.storage",
+    "hir_model.files_cache",  # per-process loads of unchanged files: the MovieLens parse, the text encoder
     "data_contracts",
     "hir_model.data",
     "hir_model.config",
