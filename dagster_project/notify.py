@@ -23,6 +23,8 @@ class Alert:
     description: str = ""
     run_id: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    run_url: str = ""  # the run in the Dagster UI
+    check_url: str = ""  # the check's page in the Dagster UI ("" for a run alert)
 
     def text(self) -> str:
         lines = [f":rotating_light: {self.title}"]
@@ -30,7 +32,9 @@ class Alert:
             lines.append(self.description)
         lines += [f"- {k}: {v}" for k, v in self.metadata.items()]
         if self.run_id:
-            lines.append(f"run {self.run_id}")
+            lines.append(f"run {self.run_id}: {self.run_url}" if self.run_url else f"run {self.run_id}")
+        if self.check_url:
+            lines.append(f"check: {self.check_url}")
         return "\n".join(lines)
 
 

@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 
 import dagster as dg
 from dagster import DagsterEventType
 
 from dagster_project.notify import Alert, Notifier
+from hir_assets.publication import PublicationBlocked
 
 BATCH = 50  # run ends read per kind per tick
-CHECK_FAILED = "DagsterAssetCheckFailedError"  # a step that failed only because a blocking check failed
+# a step that failed only because a blocking check failed (Dagster's own error, or ours when the audit withheld the window)
+CHECK_FAILED = ("DagsterAssetCheckFailedError", PublicationBlocked.__name__)
+WEBSERVER_ENV = "HIR_WEBSERVER_URL"  # the Dagster UI's base URL that alerts link to
+DEFAULT_WEBSERVER = "http://127.0.0.1:3000"  # `make ui`
 RUN_ENDS = {"success": DagsterEventType.RUN_SUCCESS, "failure": DagsterEventType.RUN_FAILURE,
             "canceled": DagsterEventType.RUN_CANCELED}
 CURSOR_VERSION = 2  # 1 (storage ids of check and failure events) only worked on non-sharded storage
@@ -40,16 +45,42 @@ def start_cursor(instance: dg.DagsterInstance) -> dict:
     return {"v": CURSOR_VERSION, **{k: (r[0].storage_id if r else 0) for k, r in latest.items()}, "sent": [0, 0]}
 
 
+def webserver_url() -> str:
+    return (os.environ.get(WEBSERVER_ENV) or DEFAULT_WEBSERVER).rstrip("/")
+
+
+def run_url(run_id: str) -> str:
+    return f"{webserver_url()}/runs/{run_id}"
+
+
+def check_url(asset_key: dg.AssetKey, check: str) -> str:
+    """The check's page in the UI (its history per window)."""
+    path = "/".join(urllib.parse.quote(p, safe="") for p in asset_key.path)
+    return f"{webserver_url()}/assets/{path}?{urllib.parse.urlencode({'view': 'checks', 'checkDetail': check})}"
+
+
+def run_partition(run: dg.DagsterRun | None) -> str:
+    """The window a run ran: its partition tag, or the range a backfill or a ranged launch tags it with."""
+    if run is None:
+        return ""
+    tags = run.tags
+    if tags.get("dagster/partition"):
+        return tags["dagster/partition"]
+    start, end = tags.get("dagster/asset_partition_range_start", ""), tags.get("dagster/asset_partition_range_end", "")
+    return start if start == end else f"{start}...{end}"
+
+
 def _check_alert(record, run: dg.DagsterRun | None) -> Alert | None:
     evaluation = record.event_log_entry.dagster_event.event_specific_data
     if evaluation.passed:
         return None
-    partition = evaluation.partition or (run.tags.get("dagster/partition", "") if run else "")
+    partition = evaluation.partition or run_partition(run)
     asset = evaluation.asset_key.to_user_string()
     level = "blocking" if evaluation.blocking else evaluation.severity.value.lower()
     return Alert(kind="check", title=f"check {evaluation.check_name} failed on {asset} [{partition or 'unpartitioned'}] ({level})",
                  asset=asset, partition=partition, check=evaluation.check_name, description=evaluation.description or "",
-                 run_id=record.run_id, metadata={k: str(getattr(v, "value", v)) for k, v in evaluation.metadata.items()})
+                 run_id=record.run_id, metadata={k: str(getattr(v, "value", v)) for k, v in evaluation.metadata.items()},
+                 run_url=run_url(record.run_id), check_url=check_url(evaluation.asset_key, evaluation.check_name))
 
 
 def _run_alert(instance: dg.DagsterInstance, run: dg.DagsterRun, message: str, hir_assets: set[str]) -> Alert | None:
@@ -60,12 +91,13 @@ def _run_alert(instance: dg.DagsterInstance, run: dg.DagsterRun, message: str, h
     if not assets or not set(assets) & hir_assets:
         return None
     errors = _step_errors(instance, run.run_id)
-    if errors and all(cls == CHECK_FAILED for cls, _ in errors):
+    if errors and all(cls in CHECK_FAILED for cls, _ in errors):
         return None  # the run failed only because blocking checks failed: each already has its own alert
     message = "; ".join(text for _, text in errors) or message
-    partition = run.tags.get("dagster/partition", "")
+    partition = run_partition(run)
     return Alert(kind="run", title=f"run failed: {', '.join(assets)} [{partition or 'unpartitioned'}]",
-                 asset=", ".join(assets), partition=partition, description=message.strip()[:2000], run_id=run.run_id)
+                 asset=", ".join(assets), partition=partition, description=message.strip()[:2000], run_id=run.run_id,
+                 run_url=run_url(run.run_id))
 
 
 def _step_errors(instance: dg.DagsterInstance, run_id: str) -> list[tuple[str, str]]:

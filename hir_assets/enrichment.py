@@ -5,6 +5,7 @@ import dagster as dg
 import pyarrow as pa
 
 from hir_assets.content_resources import ContentModels
+from hir_assets.publication import audit, partitioned, publishes
 from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import (CATALOG_CLIP, CLIP_ASSET, CLIP_CHECKPOINT_FILE, CLIP_STATUS_FILE, CONTENT_ASSET, CONTENT_FILE,
                                REUSED_COLUMNS, embed_window, embedding_report, interest_agreement, load_checkpoint, refresh, write_checkpoint)
@@ -48,9 +49,11 @@ class ContentEmbeddingsRun(dg.Config):
 def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
     @dg.asset(name=CLIP_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch"},
               deps=[CATALOG_ASSET, dg.AssetDep(CLIP_ASSET, partition_mapping=PREVIOUS)],
-              check_specs=[dg.AssetCheckSpec(CLIP_LOSS_CHECK, asset=CLIP_ASSET, blocking=False,
-                                             description="training lowered the contrastive loss on the catalogue's pairs")],
+              check_specs=partitioned([dg.AssetCheckSpec(CLIP_LOSS_CHECK, asset=CLIP_ASSET, blocking=False,
+                                                         description="training lowered the contrastive loss on the catalogue's pairs")],
+                                      partitions),
               backfill_policy=dg.BackfillPolicy.multi_run(1))
+    @publishes
     def catalog_clip(context: dg.AssetExecutionContext, config: CatalogClipRun, storage: PartitionStorage,
                      content: ContentModels) -> dg.MaterializeResult:
         """An open_clip model fitted to the catalogue's image-text pairs, for where no pretrained weights are available."""
@@ -101,8 +104,9 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
         f">= {INTEREST_THRESHOLD} (fused; text-only and image-only reported)")))
 
     @dg.asset(name=CONTENT_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch", "parquet"},
-              deps=[CATALOG_ASSET, CLIP_ASSET, dg.AssetDep(CONTENT_ASSET, partition_mapping=PREVIOUS)], check_specs=specs,
+              deps=[CATALOG_ASSET, CLIP_ASSET, dg.AssetDep(CONTENT_ASSET, partition_mapping=PREVIOUS)], check_specs=partitioned(specs, partitions),
               backfill_policy=dg.BackfillPolicy.multi_run(1))
+    @publishes
     def content_embeddings(context: dg.AssetExecutionContext, config: ContentEmbeddingsRun, storage: PartitionStorage,
                            source: SourceResource, content: ContentModels) -> dg.MaterializeResult:
         """One content vector per entity from text (transformers) and images (open_clip), fused; only new or changed ones are embedded."""
@@ -118,8 +122,6 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
         src = source.get()
         truth = src.ground_truth.entities if hasattr(src, "ground_truth") else None
         agreement = interest_agreement(build.table, truth, NEIGHBOURS) if truth is not None else {}
-        with store.writing() as staging:
-            staging.write_table(CONTENT_ASSET, key, CONTENT_FILE, build.table)
         for problem in build.problems[:10]:
             context.log.warning(problem)
         context.log.info(f"{CONTENT_ASSET} {key}: {build.new} new, {build.changed} changed, {build.version_changed} re-embedded "
@@ -151,6 +153,9 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
         else:
             results.append(dg.AssetCheckResult(asset_key=CONTENT_ASSET, check_name=INTEREST_CHECK, passed=True,
                                                description=f"source {src.name!r} has no planted interests: skipped"))
+        with store.writing() as staging:  # committed only if the blocking checks pass
+            staging.write_table(CONTENT_ASSET, key, CONTENT_FILE, build.table)
+            audit(context, results)
         return dg.MaterializeResult(metadata={
             "dagster/row_count": build.table.num_rows,
             "new": build.new, "changed": build.changed, "reembedded_for_version": build.version_changed, "reused": build.reused,

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from hir_assets.overrides import Overrides
 from hir_assets.partitions import window_of
+from hir_assets.publication import audit, partitioned, publishes
 from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
@@ -126,16 +127,17 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
         deps=[dg.AssetDep(EVENTS_ASSET, partition_mapping=THIS_AND_NEXT), dg.AssetDep(CATALOG_ASSET, partition_mapping=THIS_AND_NEXT),
               dg.AssetDep(CONTENT_ASSET, partition_mapping=THIS_AND_NEXT), ENCODER_ASSET, EMBEDDINGS_ASSET, GRAPH_ASSET,
               HIERARCHY_ASSET, HEAD_ASSET, BOM_ASSET, dg.AssetDep(EVALUATION_ASSET, partition_mapping=PREVIOUS)])
-    checks = [
-        dg.AssetCheckSpec(CAUSAL_READS_CHECK, asset=EVALUATION_ASSET,
+    checks = partitioned([
+        dg.AssetCheckSpec(CAUSAL_READS_CHECK, asset=EVALUATION_ASSET, blocking=True,
                           description="leak guard: nothing after window t was opened but window t+1's events, catalogue "
                                       "and content rows (the protocol's test events and cold-start item side data)"),
         dg.AssetCheckSpec(HIR_EVALUATED_CHECK, asset=EVALUATION_ASSET,
-                          description="HIR's artefacts of window t were there and HIR is in the table")]
+                          description="HIR's artefacts of window t were there and HIR is in the table")], partitions)
 
     # a multi_asset that can subset: its output and checks are optional, so a window without a successor yields nothing
     @dg.multi_asset(name=EVALUATION_ASSET, specs=[spec], check_specs=checks, partitions_def=partitions, can_subset=True,
                     backfill_policy=dg.BackfillPolicy.multi_run(1))  # in order: window t warm-starts baselines from t-1
+    @publishes
     def window_evaluation(context: dg.AssetExecutionContext, config: WindowEvaluationRun, storage: PartitionStorage,
                           source: SourceResource):
         """Evaluate window t on window t+1's events, or skip (with an observation saying why) until they exist."""
@@ -146,13 +148,14 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
             yield dg.AssetObservation(asset_key=EVALUATION_ASSET, partition=window.key, metadata={"skipped": outcome.reason})
             return
         ev = outcome.evaluation
-        with store.writing() as staging:
+        with store.writing() as staging:  # a window that read the future is never published
             table = write_evaluation(staging, window.key, ev, outcome.extras, outcome.methods)
+            checks = audit(context, check_results(outcome, window.key))
         earlier = [k for k in store.partitions(EVALUATION_ASSET) if k <= window.key]
         history = collect(store, earlier)
         context.log.info(f"evaluated {window.key} on {ev.next_window}: {ev.counts.warm_users} warm, {ev.counts.cold_users} cold users; "
                          + ", ".join(f"{t.method} {t.fit_s + t.score_s:.1f}s" for t in ev.timings))
         yield dg.MaterializeResult(metadata=metadata(outcome, history, store, window.key, table.num_rows),
-                                   check_results=check_results(outcome, window.key))
+                                   check_results=checks)
 
     return [window_evaluation]

@@ -9,6 +9,7 @@ from data_contracts import CATALOG, CONTRACTS, CONVERSION_EVENT, EVENTS, RELATIO
 from hir_assets.checks import (NOT_EMPTY_CHECK, contract_check_results, contract_check_specs, rejected_result,
                                rejected_spec)
 from hir_assets.partitions import window_of
+from hir_assets.publication import audit, partitioned, publishes
 from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.data.ingest import IngestReport
 from hir_model.data.tables import (CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET,
@@ -39,11 +40,13 @@ def rejected_check(report: IngestReport, asset: str, prefix: str = "") -> dg.Ass
 
 
 def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
-    catalog_checks = (contract_check_specs(CATALOG, CATALOG_ASSET) + contract_check_specs(RELATIONS, CATALOG_ASSET, RELATIONS_PREFIX)
-                      + [rejected_spec(CATALOG_ASSET, "catalog"), rejected_spec(CATALOG_ASSET, "relation", RELATIONS_PREFIX)])
+    catalog_checks = partitioned(contract_check_specs(CATALOG, CATALOG_ASSET) + contract_check_specs(RELATIONS, CATALOG_ASSET, RELATIONS_PREFIX)
+                                 + [rejected_spec(CATALOG_ASSET, "catalog"), rejected_spec(CATALOG_ASSET, "relation", RELATIONS_PREFIX)],
+                                 partitions)
 
     @dg.asset(name=CATALOG_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=catalog_checks,
               backfill_policy=dg.BackfillPolicy.multi_run(1))
+    @publishes
     def entity_catalog(context: dg.AssetExecutionContext, storage: PartitionStorage, source: SourceResource) -> dg.MaterializeResult:
         """Every entity known by the window end (users, advertisers, products, campaigns, KG entities) and their typed relations."""
         window, src, store = window_of(context), source.get(), storage.store()
@@ -53,9 +56,9 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             entities = staging.read(CATALOG_ASSET, window.key, ENTITIES_FILE)
             relations = staging.read(CATALOG_ASSET, window.key, RELATIONS_FILE)
             ids = entities.column("entity_id").combine_chunks()
-            checks = (contract_check_results(CATALOG, entities, catalog_params(window, ids), CATALOG_ASSET)
-                      + contract_check_results(RELATIONS, relations, catalog_params(window, ids), CATALOG_ASSET, RELATIONS_PREFIX)
-                      + [rejected_check(built.entities, CATALOG_ASSET), rejected_check(built.relations, CATALOG_ASSET, RELATIONS_PREFIX)])
+            checks = audit(context, contract_check_results(CATALOG, entities, catalog_params(window, ids), CATALOG_ASSET)
+                           + contract_check_results(RELATIONS, relations, catalog_params(window, ids), CATALOG_ASSET, RELATIONS_PREFIX)
+                           + [rejected_check(built.entities, CATALOG_ASSET), rejected_check(built.relations, CATALOG_ASSET, RELATIONS_PREFIX)])
         for line in built.entities.warnings() + built.relations.warnings():
             context.log.warning(line)
         context.log.info(f"catalog {window.key}: {entities.num_rows} entities ({sum(built.new_by_type.values())} new), "
@@ -74,13 +77,14 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             "path": dg.MetadataValue.path(store.uri(CATALOG_ASSET, window.key)),
         }, check_results=checks)
 
-    event_checks = contract_check_specs(EVENTS, EVENTS_ASSET) + [
+    event_checks = partitioned(contract_check_specs(EVENTS, EVENTS_ASSET) + [
         rejected_spec(EVENTS_ASSET, "event"),
         dg.AssetCheckSpec(NOT_EMPTY_CHECK, asset=EVENTS_ASSET, blocking=False, description="the window has at least one event"),
-    ]
+    ], partitions)
 
     @dg.asset(name=EVENTS_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, deps=[CATALOG_ASSET],
               check_specs=event_checks, backfill_policy=dg.BackfillPolicy.multi_run(1))
+    @publishes
     def raw_events(context: dg.AssetExecutionContext, storage: PartitionStorage, source: SourceResource) -> dg.MaterializeResult:
         """The window's engagement events that pass the events contract; the rows that break it are kept beside them."""
         window, src, store = window_of(context), source.get(), storage.store()
@@ -95,12 +99,12 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
             report = build_events(src, window, catalog, staging, progress)
             events = staging.read(EVENTS_ASSET, window.key, EVENTS_FILE)
             params = events_params(window, catalog)
-            checks = contract_check_results(EVENTS, events, params, EVENTS_ASSET) + [
+            checks = audit(context, contract_check_results(EVENTS, events, params, EVENTS_ASSET) + [
                 rejected_check(report, EVENTS_ASSET),
                 dg.AssetCheckResult(asset_key=EVENTS_ASSET, check_name=NOT_EMPTY_CHECK, passed=events.num_rows > 0,
                                     severity=dg.AssetCheckSeverity.WARN, metadata={"rows": events.num_rows},
                                     description=f"{events.num_rows} events in {window.key}"),
-            ]
+            ])
         for line in report.warnings():
             context.log.warning(line)
         by_type = dict(sorted(zip(*[c.to_pylist() for c in pc.value_counts(events.column("event_type")).flatten()])))

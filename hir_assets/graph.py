@@ -3,6 +3,7 @@
 import dagster as dg
 
 from hir_assets.partitions import window_of
+from hir_assets.publication import audit, partitioned, publishes
 from hir_assets.resources import PartitionStorage
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.graph.audit import GraphAudit, audit_graph
@@ -59,9 +60,10 @@ def check_results(audit: GraphAudit, end_key: str, input_leaks: int = 0) -> list
 def build_graph_assets(partitions: dg.TimeWindowPartitionsDefinition) -> list[dg.AssetsDefinition]:
     previous_window = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
 
-    @dg.asset(name=GRAPH_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"numpy", "parquet"}, check_specs=CHECK_SPECS,
+    @dg.asset(name=GRAPH_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"numpy", "parquet"}, check_specs=partitioned(CHECK_SPECS, partitions),
               deps=[dg.AssetDep(EVENTS_ASSET), dg.AssetDep(CATALOG_ASSET), dg.AssetDep(GRAPH_ASSET, partition_mapping=previous_window)],
               backfill_policy=dg.BackfillPolicy.multi_run(1))  # one run per window, in order: graph(t) reads graph(t-1)
+    @publishes
     def engagement_graph(context: dg.AssetExecutionContext, storage: PartitionStorage) -> dg.MaterializeResult:
         """Cumulative typed, time-decayed engagement graph as of the window end (CSR), built from graph(t-1) + the window's events."""
         window, store = window_of(context), storage.store()
@@ -71,21 +73,22 @@ def build_graph_assets(partitions: dg.TimeWindowPartitionsDefinition) -> list[dg
             raise dg.Failure(f"{GRAPH_ASSET} for {window.key} needs graph(t-1): materialise {GRAPH_ASSET} for {prev_key} first "
                              f"(windows build in order, from the first one {partitions.get_first_partition_key()})",
                              allow_retries=False)  # a missing predecessor does not come back on a retry
-        with store.writing() as staging:
+        with store.writing() as staging:  # committed only if the blocking checks pass on the staged graph
             built = build_window_graph(store, window, prev_key, staging)
-            audit = audit_graph(built.graph, to_us(window.end), built.previous.nodes if built.previous is not None else None)
-        report = built.report
-        context.log.info(f"graph {window.key}: {audit.nodes:,} nodes ({report.new_nodes:,} new), {audit.edges:,} edges, "
-                         f"{report.events_used:,} events in {report.seconds:.1f}s; excluded {dict(report.excluded) or 'none'}")
-        input_leaks = sum(n for reason, n in report.excluded.items() if reason.endswith(".after_window_end"))
-        return dg.MaterializeResult(check_results=check_results(audit, window.key, input_leaks), metadata={
-            "nodes": audit.nodes,
+            graph_audit = audit_graph(built.graph, to_us(window.end), built.previous.nodes if built.previous is not None else None)
+            report = built.report
+            context.log.info(f"graph {window.key}: {graph_audit.nodes:,} nodes ({report.new_nodes:,} new), {graph_audit.edges:,} "
+                             f"edges, {report.events_used:,} events in {report.seconds:.1f}s; excluded {dict(report.excluded) or 'none'}")
+            input_leaks = sum(n for reason, n in report.excluded.items() if reason.endswith(".after_window_end"))
+            checks = audit(context, check_results(graph_audit, window.key, input_leaks))
+        return dg.MaterializeResult(check_results=checks, metadata={
+            "nodes": graph_audit.nodes,
             "new_nodes": report.new_nodes,
-            "edges": audit.edges,
-            "nodes_by_type": audit.nodes_by_type,
-            "edges_by_type": audit.edges_by_type,
-            "density": audit.density,
-            "degree": audit.degree,
+            "edges": graph_audit.edges,
+            "nodes_by_type": graph_audit.nodes_by_type,
+            "edges_by_type": graph_audit.edges_by_type,
+            "density": graph_audit.density,
+            "degree": graph_audit.degree,
             "events_used": report.events_used,
             "excluded": sum(report.excluded.values()),
             "excluded_by_reason": dict(sorted(report.excluded.items())),

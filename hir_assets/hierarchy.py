@@ -9,6 +9,7 @@ import numpy as np
 
 from hir_assets.overrides import Overrides
 from hir_assets.partitions import window_of
+from hir_assets.publication import Gate, partitioned, publishes
 from hir_assets.resources import PartitionStorage
 from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET
@@ -62,23 +63,53 @@ def previous_hierarchy(store, key: str) -> str | None:
     return earlier[-1] if earlier else None
 
 
-def publish_embeddings(store, window: Window, config: EmbedConfig) -> EmbeddingsBuild:
-    """Window `window`'s entity_embeddings, computed and published."""
+def publish_embeddings(store, window: Window, config: EmbedConfig, gate=None) -> EmbeddingsBuild:
+    """Window `window`'s entity_embeddings, computed and published; `gate(build)` judges it before the commit and raises
+    to discard it."""
     build = embed_window(store, window.key, to_us(window.end), config)
     with store.writing() as staging:
         staging.write_table(EMBEDDINGS_ASSET, window.key, EMBEDDINGS_FILE, embeddings_table(build.embeddings))
+        if gate:
+            gate(build)
     return build
 
 
-def publish_hierarchy(store, window: Window, config: HierarchyConfig) -> tuple[Hierarchy, str | None]:
-    """Window `window`'s interest_hierarchy, its ids matched to the previous one's, computed and published; and the
-    previous partition (None: fresh ids)."""
+def publish_hierarchy(store, window: Window, config: HierarchyConfig, gate=None) -> tuple[Hierarchy, str | None]:
+    """Window `window`'s interest_hierarchy, its ids matched to the previous one's, computed and published (`gate(h)`
+    judges it before the commit); and the previous partition (None: fresh ids)."""
     prev_key = previous_hierarchy(store, window.key)
     h = hierarchy_window(store, window.key, prev_key, to_us(window.end), config)
     with store.writing() as staging:
         for name, file in (("assignments", ASSIGNMENTS_FILE), ("primitives", PRIMITIVES_FILE), ("super_graph", SUPER_GRAPH_FILE)):
             staging.write_table(HIERARCHY_ASSET, window.key, file, h.tables[name])
+        if gate:
+            gate(h)
     return h, prev_key
+
+
+def embeddings_checks(build: EmbeddingsBuild) -> list[dg.AssetCheckResult]:
+    emb = build.embeddings
+    bad, norm_err = unit_norm_error(emb)
+    return [
+        _result(EMBEDDINGS_ASSET, FINITE_UNIT_CHECK, bad == 0 and norm_err <= NORM_TOLERANCE,
+                f"{bad} non-finite rows; max |norm - 1| = {norm_err:.2e}", nonfinite=int(bad),
+                max_norm_error=dg.MetadataValue.float(float(norm_err))),
+        _result(EMBEDDINGS_ASSET, COLD_START_CHECK, not build.missing,
+                f"{int(emb.cold_start.sum())} cold-start rows; {len(build.missing)} of {build.expected} catalogue entities "
+                f"without a row: {build.missing or 'none'}", cold_start=int(emb.cold_start.sum()), expected=build.expected,
+                missing=len(build.missing), rows=len(emb)),
+    ]
+
+
+def hierarchy_checks(h: Hierarchy, config: HierarchyConfig) -> list[dg.AssetCheckResult]:
+    n = len(h.levels[0].primitive) if h.levels else 0
+    complete = all(len(a.primitive) == n and (a.weight > 0).all() for a in h.levels)
+    assigned = min((float((a.weight > 0).all(axis=-1).mean()) if len(a.primitive) == n and n else 0.0 for a in h.levels),
+                   default=0.0)  # the worst level's share of entities with all top-k weights > 0
+    return [_result(HIERARCHY_ASSET, ASSIGNED_CHECK, complete and n > 0,
+                    f"{n} entities x {len(h.levels)} levels, top-{config.assign.top_k} each", entities=n, levels=len(h.levels),
+                    assigned_share=dg.MetadataValue.float(assigned),
+                    **{f"primitives_used_L{i}": int((a.sizes() > 0).sum()) for i, a in enumerate(h.levels)})]
 
 
 def build_hierarchy_assets(partitions: dg.PartitionsDefinition, embed_overrides: dict | None = None) -> list[dg.AssetsDefinition]:
@@ -86,30 +117,22 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition, embed_overrides:
     embed_base = embed_defaults(embed_overrides)  # a bad field fails when the definitions load, naming it
 
     @dg.asset(name=EMBEDDINGS_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch", "parquet"},
-              backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[ENCODER_ASSET, GRAPH_ASSET, CONTENT_ASSET, CATALOG_ASSET], check_specs=[
+              backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[ENCODER_ASSET, GRAPH_ASSET, CONTENT_ASSET, CATALOG_ASSET], check_specs=partitioned([
                   dg.AssetCheckSpec(FINITE_UNIT_CHECK, asset=EMBEDDINGS_ASSET, blocking=True,
                                     description="every embedding is finite with unit L2 norm"),
                   dg.AssetCheckSpec(COLD_START_CHECK, asset=EMBEDDINGS_ASSET, blocking=True,
                                     description="every user, product, advertiser and campaign of the catalogue has a row, "
-                                                "cold-start ones (no edge yet) included")])
+                                                "cold-start ones (no edge yet) included")], partitions))
+    @publishes
     def entity_embeddings(context: dg.AssetExecutionContext, config: EntityEmbeddingsRun,
                           storage: PartitionStorage) -> dg.MaterializeResult:
         """Every user, product, advertiser and campaign in one metric space; cold-start ones from content and type alone."""
         window, store = window_of(context), storage.store()
-        build = publish_embeddings(store, window, config.embed_config(embed_base))
+        gate = Gate(context, embeddings_checks)
+        build = publish_embeddings(store, window, config.embed_config(embed_base), gate)
         emb = build.embeddings
-        bad, norm_err = unit_norm_error(emb)
         types, counts = np.unique(emb.entity_type.astype(str), return_counts=True)
-        checks = [
-            _result(EMBEDDINGS_ASSET, FINITE_UNIT_CHECK, bad == 0 and norm_err <= NORM_TOLERANCE,
-                    f"{bad} non-finite rows; max |norm - 1| = {norm_err:.2e}", nonfinite=int(bad),
-                    max_norm_error=dg.MetadataValue.float(float(norm_err))),
-            _result(EMBEDDINGS_ASSET, COLD_START_CHECK, not build.missing,
-                    f"{int(emb.cold_start.sum())} cold-start rows; {len(build.missing)} of {build.expected} catalogue entities "
-                    f"without a row: {build.missing or 'none'}", cold_start=int(emb.cold_start.sum()), expected=build.expected,
-                    missing=len(build.missing), rows=len(emb)),
-        ]
-        return dg.MaterializeResult(check_results=checks, metadata={
+        return dg.MaterializeResult(check_results=gate.results, metadata={
             "dagster/row_count": len(emb), "by_type": {t: int(c) for t, c in zip(types, counts)},
             "cold_start": int(emb.cold_start.sum()), "no_engagement_edge": build.no_engagement,
             "width": int(emb.vectors.shape[1]), "model_version": build.model_version, "seconds": round(emb.seconds, 2),
@@ -121,25 +144,21 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition, embed_overrides:
 
     @dg.asset(name=HIERARCHY_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"},
               deps=[EMBEDDINGS_ASSET, ENCODER_ASSET, GRAPH_ASSET, CATALOG_ASSET, dg.AssetDep(HIERARCHY_ASSET, partition_mapping=PREVIOUS)],
-              check_specs=[dg.AssetCheckSpec(ASSIGNED_CHECK, asset=HIERARCHY_ASSET, blocking=True,
-                                             description="every embedded entity has top-k primitives at every level")],
+              check_specs=partitioned([dg.AssetCheckSpec(ASSIGNED_CHECK, asset=HIERARCHY_ASSET, blocking=True,
+                                                         description="every embedded entity has top-k primitives at every level")],
+                                      partitions),
               backfill_policy=dg.BackfillPolicy.multi_run(1))  # window t matches its ids to window t-1's
+    @publishes
     def interest_hierarchy(context: dg.AssetExecutionContext, config: InterestHierarchyRun,
                            storage: PartitionStorage) -> dg.MaterializeResult:
         """Multi-level interest primitives: soft top-k assignments, super-graph, ids stable across windows, labels."""
         window, store = window_of(context), storage.store()
         cfg = config.hierarchy_config()
-        h, prev_key = publish_hierarchy(store, window, cfg)
+        gate = Gate(context, lambda built: hierarchy_checks(built, cfg))
+        h, prev_key = publish_hierarchy(store, window, cfg, gate)
         n = len(h.levels[0].primitive) if h.levels else 0
-        complete = all(len(a.primitive) == n and (a.weight > 0).all() for a in h.levels)
-        assigned = min((float((a.weight > 0).all(axis=-1).mean()) if len(a.primitive) == n and n else 0.0 for a in h.levels),
-                       default=0.0)  # the worst level's share of entities with all top-k weights > 0
-        check = _result(HIERARCHY_ASSET, ASSIGNED_CHECK, complete and n > 0,
-                        f"{n} entities x {len(h.levels)} levels, top-{cfg.assign.top_k} each", entities=n, levels=len(h.levels),
-                        assigned_share=dg.MetadataValue.float(assigned),
-                        **{f"primitives_used_L{i}": int((a.sizes() > 0).sum()) for i, a in enumerate(h.levels)})
         per_level = lambda f: {f"L{i}": f(i) for i in range(len(h.levels))}  # noqa: E731
-        return dg.MaterializeResult(check_results=[check], metadata={
+        return dg.MaterializeResult(check_results=gate.results, metadata={
             "entities": n, "primitives": per_level(lambda i: h.levels[i].num_primitives),
             "primitives_used": per_level(lambda i: int((h.levels[i].sizes() > 0).sum())),
             "prototypes_used": per_level(lambda i: h.prototypes_used[i]),  # before the centroid fit: the model's own usage

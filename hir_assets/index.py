@@ -9,6 +9,7 @@ import numpy as np
 from hir_assets.evaluation import spec_of
 from hir_assets.overrides import Overrides
 from hir_assets.partitions import window_of
+from hir_assets.publication import Gate, partitioned, publishes
 from hir_assets.resources import PartitionStorage
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.data.windows import WindowSpec
@@ -74,18 +75,50 @@ class BomIndexRun(Overrides):
         return self.apply(base)
 
 
-def publish_head(store, spec: WindowSpec, key: str, config: HeadConfig) -> HeadState:
-    """Window `key`'s ranking_head state, fitted and published."""
+def publish_head(store, spec: WindowSpec, key: str, config: HeadConfig, gate=None) -> HeadState:
+    """Window `key`'s ranking_head state, fitted and published (`gate(state)` judges it before the commit)."""
     state = build_head_state(store, spec, key, config)
     with store.writing() as staging:
         write_head(staging.path(HEAD_ASSET, key), state)
+        if gate:
+            gate(state)
     return state
 
 
-def publish_index(store, key: str, config: IndexConfig) -> BomBuild:
-    """Window `key`'s bom_index over its ranking head's items, its probe budget tuned, built and published."""
+def publish_index(store, key: str, config: IndexConfig, gate=None) -> BomBuild:
+    """Window `key`'s bom_index over its ranking head's items, its probe budget tuned, built and published (`gate(build)`
+    judges it before the commit)."""
     with store.writing() as staging:
-        return build_window_index(store, key, staging.path(BOM_ASSET, key), config)
+        build = build_window_index(store, key, staging.path(BOM_ASSET, key), config)
+        if gate:
+            gate(build)
+        return build
+
+
+def head_results(state: HeadState) -> list[dg.AssetCheckResult]:
+    return [dg.AssetCheckResult(asset_key=HEAD_ASSET, check_name=n, passed=bool(ok), description=d, metadata=m)
+            for n, ok, d, m in head_checks(state)]
+
+
+def bom_results(build: BomBuild, cfg: IndexConfig, recall_threshold: float) -> list[dg.AssetCheckResult]:
+    """The bom_index's checks on a build (before it is committed)."""
+    p, r = build.postings, build.recall
+    limit = cfg.max_posting_share * max(p.items, 1)
+    return [dg.AssetCheckResult(asset_key=BOM_ASSET, check_name=name, passed=bool(ok), description=text, metadata=meta)
+            for name, ok, text, meta in (
+        (TOKENS_PER_LEVEL_CHECK, build.levels > 0 and not any(build.missing_per_level.values()),
+         f"entities without a token per level: {build.missing_per_level}",
+         {"entities_missing_a_level": int(sum(build.missing_per_level.values()))}),
+        (POSTING_SHARE_CHECK, p.longest <= max(limit, 1),
+         f"longest posting list {p.longest} items, limit {limit:.1f} ({cfg.max_posting_share:.0%} of {p.items}); "
+         f"{p.truncated} of {p.tokens} lists were cut to their {p.cap} heaviest",
+         {"longest_posting": int(p.longest), "limit": float(limit)}),
+        (RECALL_CHECK, r.recall >= recall_threshold,
+         f"recall@{r.k} {r.recall:.3f} of the head's exact top-{r.k} (threshold {recall_threshold}) over "
+         f"{r.queries} users, {r.candidates_per_query:.0f} of {r.items} items scored per query on average "
+         f"({r.candidate_fraction:.1%}; probe factor {build.probe_factor:g}"
+         f"{', tuned on other users' if cfg.probe_factor is None else ''})",
+         {"recall": float(r.recall), "candidate_fraction": float(r.candidate_fraction), "users": int(r.queries)}))]
 
 
 def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
@@ -130,23 +163,23 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
         (HEAD_WEIGHTS_CHECK, "the prior's and the co-engagement's weights are in the grid of what chose them (the track "
                              "record's, the held-out calibration's, or the configured one); shares in [0, 1]"))]
 
-    @dg.asset(name=HEAD_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=head_specs,
+    @dg.asset(name=HEAD_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=partitioned(head_specs, partitions),
               backfill_policy=dg.BackfillPolicy.multi_run(1),
               deps=[EVENTS_ASSET, CATALOG_ASSET, GRAPH_ASSET, ENCODER_ASSET, EMBEDDINGS_ASSET,
                     dg.AssetDep(HEAD_ASSET, partition_mapping=PREVIOUS)])  # head(t-1)'s track record, judged on t
+    @publishes
     def ranking_head(context: dg.AssetExecutionContext, config: RankingHeadRun, storage: PartitionStorage) -> dg.MaterializeResult:
         """The state HIR's ranking head scores with at the window's end: items' vectors and priors, fitted weights, history."""
         window, store = window_of(context), storage.store()
-        state = publish_head(store, spec_at_load, window.key, config.head_config())
-        checks = head_checks(state)
+        gate = Gate(context, head_results)
+        state = publish_head(store, spec_at_load, window.key, config.head_config(), gate)
         context.log.info(f"ranking head {window.key}: {state.n_items} items, {state.history.n_users} users, prior weight "
                          f"{state.prior_weight:g} from {state.prior_source} (rows alone {state.rows_prior_weight:g} from "
                          f"{state.rows_source}), "
                          f"track of {len(state.track)} windows, {sum(r.users for r in state.track)} users")
         summary = state.summary()
         return dg.MaterializeResult(
-            check_results=[dg.AssetCheckResult(asset_key=HEAD_ASSET, check_name=n, passed=bool(ok), description=d, metadata=m)
-                           for n, ok, d, m in checks],
+            check_results=gate.results,
             metadata={"dagster/row_count": state.n_items, "users": summary["users"], "events": summary["events"],
                       "prior_weight": float(state.prior_weight), "rows_prior_weight": float(state.rows_prior_weight),
                       "prior_source": state.prior_source, "track_users": sum(r.users for r in state.track),
@@ -165,30 +198,16 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
 
     @dg.asset(name=BOM_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet", "faiss"},
               backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[EMBEDDINGS_ASSET, HIERARCHY_ASSET, HEAD_ASSET],
-              check_specs=specs)
+              check_specs=partitioned(specs, partitions))
+    @publishes
     def bom_index(context: dg.AssetExecutionContext, config: BomIndexRun, storage: PartitionStorage) -> dg.MaterializeResult:
         """Bag-of-Meaning tokens per entity, an inverted index token -> items by weight, a faiss index over the head's items."""
         window, store = window_of(context), storage.store()
         cfg = config.index_config()
-        build = publish_index(store, window.key, cfg)
+        gate = Gate(context, lambda built: bom_results(built, cfg, config.recall_threshold))
+        build = publish_index(store, window.key, cfg, gate)
         p, r = build.postings, build.recall
-        limit = cfg.max_posting_share * max(p.items, 1)
-        checks = [dg.AssetCheckResult(asset_key=BOM_ASSET, check_name=name, passed=bool(ok), description=text, metadata=meta)
-                  for name, ok, text, meta in (
-            (TOKENS_PER_LEVEL_CHECK, build.levels > 0 and not any(build.missing_per_level.values()),
-             f"entities without a token per level: {build.missing_per_level}",
-             {"entities_missing_a_level": int(sum(build.missing_per_level.values()))}),
-            (POSTING_SHARE_CHECK, p.longest <= max(limit, 1),
-             f"longest posting list {p.longest} items, limit {limit:.1f} ({cfg.max_posting_share:.0%} of {p.items}); "
-             f"{p.truncated} of {p.tokens} lists were cut to their {p.cap} heaviest",
-             {"longest_posting": int(p.longest), "limit": float(limit)}),
-            (RECALL_CHECK, r.recall >= config.recall_threshold,
-             f"recall@{r.k} {r.recall:.3f} of the head's exact top-{r.k} (threshold {config.recall_threshold}) over "
-             f"{r.queries} users, {r.candidates_per_query:.0f} of {r.items} items scored per query on average "
-             f"({r.candidate_fraction:.1%}; probe factor {build.probe_factor:g}"
-             f"{', tuned on other users' if cfg.probe_factor is None else ''})",
-             {"recall": float(r.recall), "candidate_fraction": float(r.candidate_fraction), "users": int(r.queries)}))]
-        return dg.MaterializeResult(check_results=checks, metadata={
+        return dg.MaterializeResult(check_results=gate.results, metadata={
             "dagster/row_count": build.tokens.num_rows, "entities": build.entities, "items": build.items, "levels": build.levels,
             "tokens": p.tokens, "posting_cap": p.cap, "longest_posting": p.longest, "postings_truncated": p.truncated,
             "recall_at_100": round(r.recall, 4), "recall_queries": r.queries,

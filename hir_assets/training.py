@@ -14,6 +14,7 @@ from typing import Optional
 import dagster as dg
 import numpy as np
 
+from hir_assets.publication import BlockingChecksFailed, Gate, partitioned, publishes
 from hir_assets.resources import PartitionStorage
 from hir_model.content import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import EVENTS_ASSET, EVENTS_FILE
@@ -169,12 +170,15 @@ def train_in_process(context: dg.AssetExecutionContext, args: list[str], config:
     return entry.scalar_metrics(metrics)
 
 
-def commit_checkpoint(store: PartitionStore, key: str, out: Path, metrics: dict) -> None:
-    """Publish the trained checkpoint `out` and its metrics as window `key`'s hir_encoder."""
+def commit_checkpoint(store: PartitionStore, key: str, out: Path, metrics: dict, gate=None) -> None:
+    """Publish the trained checkpoint `out` and its metrics as window `key`'s hir_encoder (`gate(metrics)` judges them
+    before the commit)."""
     with store.writing() as staging:
         folder = staging.path(ENCODER_ASSET, key)
         shutil.copyfile(out, folder / CHECKPOINT_FILE)
         (folder / METRICS_FILE).write_text(json.dumps(metrics) + "\n")
+        if gate:
+            gate(metrics)
 
 
 def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: dict | None = None) -> list[dg.AssetsDefinition]:
@@ -182,10 +186,11 @@ def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: 
     steps / levels win over them."""
     overrides = dict(train_overrides or {})
 
-    @dg.asset(name=ENCODER_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch"}, check_specs=CHECK_SPECS,
+    @dg.asset(name=ENCODER_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch"}, check_specs=partitioned(CHECK_SPECS, partitions),
               deps=[dg.AssetDep(GRAPH_ASSET), dg.AssetDep(CONTENT_ASSET), dg.AssetDep(EVENTS_ASSET),
                     dg.AssetDep(ENCODER_ASSET, partition_mapping=PREVIOUS)],
               backfill_policy=dg.BackfillPolicy.multi_run(1), pool="gpu")
+    @publishes
     def hir_encoder(context: dg.AssetExecutionContext, config: HirEncoderRun, storage: PartitionStorage,
                     pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
         """Encoder + multi-level prototypes trained on data up to the window end, warm-started from t-1 (through Dagster Pipes unless launch="in_process")."""
@@ -204,7 +209,12 @@ def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: 
                             .get_materialize_result().metadata or {})
         metrics = json.loads(Path(f"{out}.metrics.json").read_text())
         probe_error = reproduces_probe(out, graph_dir, events, content, metrics)
-        commit_checkpoint(store, key, out, metrics)
+        gate = Gate(context, lambda m: check_results(m, probe_error))
+        try:
+            commit_checkpoint(store, key, out, metrics, gate)
+        except BlockingChecksFailed:
+            shutil.rmtree(scratch, ignore_errors=True)  # a checkpoint that failed its checks is never resumed from
+            raise
         shutil.rmtree(scratch, ignore_errors=True)
         metadata = reported
         metadata.update({
@@ -216,6 +226,6 @@ def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: 
             "warm_started_from": previous or "none (first window)", "nproc_per_node": config.nproc_per_node, "launch": config.launch,
             "version": metrics["version"], "path": dg.MetadataValue.path(store.uri(ENCODER_ASSET, key)),
         })
-        return dg.MaterializeResult(metadata=metadata, check_results=check_results(metrics, probe_error))
+        return dg.MaterializeResult(metadata=metadata, check_results=gate.results)
 
     return [hir_encoder]
