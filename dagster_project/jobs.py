@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dagster as dg
 
+from hir_assets.evaluation import judged_partitions
+from hir_assets.publication import STEP_RETRY
 from hir_assets.report import REPORT_ASSET
 from hir_model.adapter.objective_adapter import ADAPTER_ASSET
 from hir_model.eval.publish import EVALUATION_ASSET
@@ -22,14 +24,14 @@ def build_window_job(partitions: dg.PartitionsDefinition) -> dg.UnresolvedAssetJ
     """Every per-window HIR asset for one window, in dependency order; transient failures (an S3 blip) are retried."""
     return dg.define_asset_job(
         WINDOW_JOB, selection=dg.AssetSelection.all() - dg.AssetSelection.assets(*SEPARATE_ASSETS), partitions_def=partitions,
-        op_retry_policy=dg.RetryPolicy(max_retries=2, delay=10, backoff=dg.Backoff.EXPONENTIAL),
+        op_retry_policy=STEP_RETRY,
         description="All HIR assets for one window, in dependency order.")
 
 
 def build_evaluation_job(partitions: dg.TimeWindowPartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:
     """window_evaluation alone, one partition per run: what a second pass over the windows runs (window t's run
     cannot evaluate t, since t+1's events come later)."""
-    return dg.define_asset_job(EVALUATION_JOB, selection=[EVALUATION_ASSET], partitions_def=partitions,
+    return dg.define_asset_job(EVALUATION_JOB, selection=[EVALUATION_ASSET], partitions_def=judged_partitions(partitions),
                                description="evaluate window t on window t+1's events (after t+1 is ingested)")
 
 

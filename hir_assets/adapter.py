@@ -14,7 +14,7 @@ from typing import Optional
 import dagster as dg
 
 from hir_assets.overrides import Overrides
-from hir_assets.publication import partitioned, publishes
+from hir_assets.publication import STEP_RETRY, partitioned, publishes
 from hir_assets.resources import PartitionStorage
 from hir_model.adapter.fit import OBJECTIVES, AdapterConfig
 from hir_model.adapter.objective_adapter import ADAPTER_ASSET, adapt_window, write_adapter
@@ -54,7 +54,7 @@ def _window(partitions: dg.TimeWindowPartitionsDefinition, key: str | None) -> W
 def build_adapter_assets(window_partitions: dg.TimeWindowPartitionsDefinition) -> list[dg.AssetsDefinition]:
     partitions = adapter_partitions(window_partitions)
 
-    @dg.asset(name=ADAPTER_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch"}, backfill_policy=dg.BackfillPolicy.multi_run(1),
+    @dg.asset(name=ADAPTER_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch"}, backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY,
               pool="gpu", deps=[dg.AssetDep(EMBEDDINGS_ASSET, partition_mapping=SAME_WINDOW), dg.AssetDep(EVENTS_ASSET, partition_mapping=SAME_WINDOW)],
               check_specs=partitioned([dg.AssetCheckSpec(LOSS_DECREASED_CHECK, asset=ADAPTER_ASSET, blocking=False,
                                                          description="the adapter's loss is finite and its last steps average "

@@ -5,7 +5,7 @@ import dagster as dg
 import pyarrow as pa
 
 from hir_assets.content_resources import ContentModels
-from hir_assets.publication import audit, partitioned, publishes
+from hir_assets.publication import STEP_RETRY, audit, partitioned, publishes
 from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import (CATALOG_CLIP, CLIP_ASSET, CLIP_CHECKPOINT_FILE, CLIP_STATUS_FILE, CONTENT_ASSET, CONTENT_FILE,
                                REUSED_COLUMNS, embed_window, embedding_report, interest_agreement, load_checkpoint, refresh, write_checkpoint)
@@ -52,7 +52,7 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
               check_specs=partitioned([dg.AssetCheckSpec(CLIP_LOSS_CHECK, asset=CLIP_ASSET, blocking=False,
                                                          description="training lowered the contrastive loss on the catalogue's pairs")],
                                       partitions),
-              backfill_policy=dg.BackfillPolicy.multi_run(1))
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY)
     @publishes
     def catalog_clip(context: dg.AssetExecutionContext, config: CatalogClipRun, storage: PartitionStorage,
                      content: ContentModels) -> dg.MaterializeResult:
@@ -105,7 +105,7 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
 
     @dg.asset(name=CONTENT_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch", "parquet"},
               deps=[CATALOG_ASSET, CLIP_ASSET, dg.AssetDep(CONTENT_ASSET, partition_mapping=PREVIOUS)], check_specs=partitioned(specs, partitions),
-              backfill_policy=dg.BackfillPolicy.multi_run(1))
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY)
     @publishes
     def content_embeddings(context: dg.AssetExecutionContext, config: ContentEmbeddingsRun, storage: PartitionStorage,
                            source: SourceResource, content: ContentModels) -> dg.MaterializeResult:

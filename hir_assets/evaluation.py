@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from hir_assets.overrides import Overrides
 from hir_assets.partitions import window_of
-from hir_assets.publication import audit, partitioned, publishes
+from hir_assets.publication import STEP_RETRY, audit, partitioned, publishes
 from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
@@ -119,8 +119,21 @@ def check_results(outcome: WindowOutcome, key: str) -> list[dg.AssetCheckResult]
     ]
 
 
+def judged_partitions(partitions: dg.TimeWindowPartitionsDefinition) -> dg.TimeWindowPartitionsDefinition:
+    """The windows that can be judged: every window but the last, which has no t+1 yet (so the UI never counts it as
+    missing); all of them while there is only one."""
+    keys = partitions.get_partition_keys()
+    if len(keys) < 2:
+        return partitions
+    return dg.TimeWindowPartitionsDefinition(start=partitions.start, end=partitions.time_window_for_partition_key(keys[-1]).start,
+                                             cron_schedule=partitions.cron_schedule, fmt=partitions.fmt,
+                                             timezone=partitions.timezone)
+
+
 def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> list[dg.AssetsDefinition]:
+    """`partitions`: the windows (the asset's own are the judged ones, `judged_partitions`)."""
     spec_at_load = spec_of(partitions)
+    partitions = judged_partitions(partitions)
 
     spec = dg.AssetSpec(
         EVALUATION_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, description=DESCRIPTION,
@@ -136,7 +149,8 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
 
     # a multi_asset that can subset: its output and checks are optional, so a window without a successor yields nothing
     @dg.multi_asset(name=EVALUATION_ASSET, specs=[spec], check_specs=checks, partitions_def=partitions, can_subset=True,
-                    backfill_policy=dg.BackfillPolicy.multi_run(1))  # in order: window t warm-starts baselines from t-1
+                    backfill_policy=dg.BackfillPolicy.multi_run(1),  # in order: window t warm-starts baselines from t-1
+                    retry_policy=STEP_RETRY)
     @publishes
     def window_evaluation(context: dg.AssetExecutionContext, config: WindowEvaluationRun, storage: PartitionStorage,
                           source: SourceResource):

@@ -9,7 +9,7 @@ from data_contracts import CATALOG, CONTRACTS, CONVERSION_EVENT, EVENTS, RELATIO
 from hir_assets.checks import (NOT_EMPTY_CHECK, contract_check_results, contract_check_specs, rejected_result,
                                rejected_spec)
 from hir_assets.partitions import window_of
-from hir_assets.publication import audit, partitioned, publishes
+from hir_assets.publication import STEP_RETRY, audit, partitioned, publishes
 from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.data.ingest import IngestReport
 from hir_model.data.tables import (CATALOG_ASSET, CATALOG_REFERENCE, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE, REJECTED_ASSET,
@@ -45,7 +45,7 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
                                  partitions)
 
     @dg.asset(name=CATALOG_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=catalog_checks,
-              backfill_policy=dg.BackfillPolicy.multi_run(1))
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY)
     @publishes
     def entity_catalog(context: dg.AssetExecutionContext, storage: PartitionStorage, source: SourceResource) -> dg.MaterializeResult:
         """Every entity known by the window end (users, advertisers, products, campaigns, KG entities) and their typed relations."""
@@ -83,7 +83,7 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
     ], partitions)
 
     @dg.asset(name=EVENTS_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, deps=[CATALOG_ASSET],
-              check_specs=event_checks, backfill_policy=dg.BackfillPolicy.multi_run(1))
+              check_specs=event_checks, backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY)
     @publishes
     def raw_events(context: dg.AssetExecutionContext, storage: PartitionStorage, source: SourceResource) -> dg.MaterializeResult:
         """The window's engagement events that pass the events contract; the rows that break it are kept beside them."""
@@ -127,7 +127,7 @@ def build_ingest_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDe
         })
 
     @dg.asset(name=REJECTED_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, deps=[EVENTS_ASSET],
-              backfill_policy=dg.BackfillPolicy.multi_run(1))
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY)
     def rejected_events(context: dg.AssetExecutionContext, storage: PartitionStorage) -> dg.MaterializeResult:
         """The window's events that broke the contract, each with the rules it broke and the file it came from."""
         store = storage.store()

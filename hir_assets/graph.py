@@ -3,7 +3,7 @@
 import dagster as dg
 
 from hir_assets.partitions import window_of
-from hir_assets.publication import audit, partitioned, publishes
+from hir_assets.publication import STEP_RETRY, audit, partitioned, publishes
 from hir_assets.resources import PartitionStorage
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.graph.audit import GraphAudit, audit_graph
@@ -62,7 +62,7 @@ def build_graph_assets(partitions: dg.TimeWindowPartitionsDefinition) -> list[dg
 
     @dg.asset(name=GRAPH_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"numpy", "parquet"}, check_specs=partitioned(CHECK_SPECS, partitions),
               deps=[dg.AssetDep(EVENTS_ASSET), dg.AssetDep(CATALOG_ASSET), dg.AssetDep(GRAPH_ASSET, partition_mapping=previous_window)],
-              backfill_policy=dg.BackfillPolicy.multi_run(1))  # one run per window, in order: graph(t) reads graph(t-1)
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY)  # one run per window, in order: graph(t) reads graph(t-1)
     @publishes
     def engagement_graph(context: dg.AssetExecutionContext, storage: PartitionStorage) -> dg.MaterializeResult:
         """Cumulative typed, time-decayed engagement graph as of the window end (CSR), built from graph(t-1) + the window's events."""

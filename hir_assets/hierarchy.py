@@ -9,7 +9,7 @@ import numpy as np
 
 from hir_assets.overrides import Overrides
 from hir_assets.partitions import window_of
-from hir_assets.publication import Gate, partitioned, publishes
+from hir_assets.publication import Gate, STEP_RETRY, partitioned, publishes
 from hir_assets.resources import PartitionStorage
 from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET
@@ -117,7 +117,7 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition, embed_overrides:
     embed_base = embed_defaults(embed_overrides)  # a bad field fails when the definitions load, naming it
 
     @dg.asset(name=EMBEDDINGS_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch", "parquet"},
-              backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[ENCODER_ASSET, GRAPH_ASSET, CONTENT_ASSET, CATALOG_ASSET], check_specs=partitioned([
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY, deps=[ENCODER_ASSET, GRAPH_ASSET, CONTENT_ASSET, CATALOG_ASSET], check_specs=partitioned([
                   dg.AssetCheckSpec(FINITE_UNIT_CHECK, asset=EMBEDDINGS_ASSET, blocking=True,
                                     description="every embedding is finite with unit L2 norm"),
                   dg.AssetCheckSpec(COLD_START_CHECK, asset=EMBEDDINGS_ASSET, blocking=True,
@@ -147,7 +147,7 @@ def build_hierarchy_assets(partitions: dg.PartitionsDefinition, embed_overrides:
               check_specs=partitioned([dg.AssetCheckSpec(ASSIGNED_CHECK, asset=HIERARCHY_ASSET, blocking=True,
                                                          description="every embedded entity has top-k primitives at every level")],
                                       partitions),
-              backfill_policy=dg.BackfillPolicy.multi_run(1))  # window t matches its ids to window t-1's
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY)  # window t matches its ids to window t-1's
     @publishes
     def interest_hierarchy(context: dg.AssetExecutionContext, config: InterestHierarchyRun,
                            storage: PartitionStorage) -> dg.MaterializeResult:

@@ -9,7 +9,7 @@ import numpy as np
 from hir_assets.evaluation import spec_of
 from hir_assets.overrides import Overrides
 from hir_assets.partitions import window_of
-from hir_assets.publication import Gate, partitioned, publishes
+from hir_assets.publication import Gate, STEP_RETRY, partitioned, publishes
 from hir_assets.resources import PartitionStorage
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.data.windows import WindowSpec
@@ -164,7 +164,7 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
                              "record's, the held-out calibration's, or the configured one); shares in [0, 1]"))]
 
     @dg.asset(name=HEAD_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=partitioned(head_specs, partitions),
-              backfill_policy=dg.BackfillPolicy.multi_run(1),
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY,
               deps=[EVENTS_ASSET, CATALOG_ASSET, GRAPH_ASSET, ENCODER_ASSET, EMBEDDINGS_ASSET,
                     dg.AssetDep(HEAD_ASSET, partition_mapping=PREVIOUS)])  # head(t-1)'s track record, judged on t
     @publishes
@@ -197,7 +197,7 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
                        f"sampled users: mean recall at least the threshold (default {RECALL_THRESHOLD})"))]
 
     @dg.asset(name=BOM_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet", "faiss"},
-              backfill_policy=dg.BackfillPolicy.multi_run(1), deps=[EMBEDDINGS_ASSET, HIERARCHY_ASSET, HEAD_ASSET],
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY, deps=[EMBEDDINGS_ASSET, HIERARCHY_ASSET, HEAD_ASSET],
               check_specs=partitioned(specs, partitions))
     @publishes
     def bom_index(context: dg.AssetExecutionContext, config: BomIndexRun, storage: PartitionStorage) -> dg.MaterializeResult:

@@ -21,6 +21,11 @@ import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 
 
+# Transient faults (an S3 blip) are retried whatever launched the step (the window job, an asset page, a backfill); a
+# withheld publication and a contract error fail with allow_retries=False.
+STEP_RETRY = dg.RetryPolicy(max_retries=2, delay=10, backoff=dg.Backoff.EXPONENTIAL)
+
+
 class BlockingChecksFailed(Exception):
     """Raised inside `store.writing()`: the staged files are discarded. Carries every result of the audit."""
 

@@ -14,7 +14,7 @@ from typing import Optional
 import dagster as dg
 import numpy as np
 
-from hir_assets.publication import BlockingChecksFailed, Gate, partitioned, publishes
+from hir_assets.publication import BlockingChecksFailed, Gate, STEP_RETRY, partitioned, publishes
 from hir_assets.resources import PartitionStorage
 from hir_model.content import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import EVENTS_ASSET, EVENTS_FILE
@@ -189,7 +189,7 @@ def build_training_assets(partitions: dg.PartitionsDefinition, train_overrides: 
     @dg.asset(name=ENCODER_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"pytorch"}, check_specs=partitioned(CHECK_SPECS, partitions),
               deps=[dg.AssetDep(GRAPH_ASSET), dg.AssetDep(CONTENT_ASSET), dg.AssetDep(EVENTS_ASSET),
                     dg.AssetDep(ENCODER_ASSET, partition_mapping=PREVIOUS)],
-              backfill_policy=dg.BackfillPolicy.multi_run(1), pool="gpu")
+              backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY, pool="gpu")
     @publishes
     def hir_encoder(context: dg.AssetExecutionContext, config: HirEncoderRun, storage: PartitionStorage,
                     pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:

@@ -12,14 +12,20 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import write_byo
 from tests.dagster_project.instances import free_port
-from tests.dagster_project.test_sensors import KEY, Receiver, plant_rejected_row
+from dagster._core.execution.backfill import BulkActionStatus  # not re-exported by dagster
+
+from dagster_project.backfill import launch_backfill
+from tests.dagster_project.test_sensors import KEY, NEXT, Receiver, plant_rejected_row
 
 REPO = Path(__file__).resolve().parents[2]
 TICK_S = 5  # the sensor's interval here (HIR_ALERT_INTERVAL_S); 30 s by default
@@ -92,11 +98,37 @@ def planted(tmp_path_factory):
             time.sleep(3 * TICK_S)  # further ticks: nothing more may arrive
             state = sensor_state(instance)
             ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=100)
-        yield {"url": url, "home": home, "received": list(receiver.received), "delay": delay, "ticks": ticks,
-               "log": log.read_text(errors="replace"), "bad_file": path, "tmp": tmp}
+            received = list(receiver.received)
+            # a range backfill as the UI launches it (one window per run, each tagged with a one-window range), a
+            # rejected row in both windows: each run's check result must belong to its window, and so must its alert
+            plant_rejected_row(byo, NEXT)
+            backfill_id = launch_backfill(url, ["entity_catalog", "raw_events"], [KEY, NEXT])
+            wait_for("the backfill", lambda: instance.get_backfill(backfill_id).status != BulkActionStatus.REQUESTED, 600, proc, log)
+            wait_for("an alert per window", lambda: len(receiver.received) >= len(received) + 2, 4 * TICK_S + 60, proc, log)
+            backfill_runs = [r for r in instance.get_runs() if r.tags.get("dagster/backfill") == backfill_id]
+            # a blocking check failing on one window: the leak guard of the graph on NEXT (a row after its end)
+            graph = defs.resolve_job_def("hir_window").get_subset(asset_selection={dg.AssetKey("engagement_graph")})
+            assert graph.execute_in_process(partition_key=KEY, instance=instance).success
+            plant_late_row(tmp / "store" / "raw_events" / NEXT / "events.parquet")
+            blocked = graph.execute_in_process(partition_key=NEXT, instance=instance, raise_on_error=False)
+            wait_for("the blocked window's alert", lambda: len(receiver.received) >= len(received) + 3, 4 * TICK_S + 60, proc, log)
+        yield {"url": url, "home": home, "received": received, "delay": delay, "ticks": ticks,
+               "log": log.read_text(errors="replace"), "bad_file": path, "tmp": tmp,
+               "backfill": instance.get_backfill(backfill_id), "backfill_runs": backfill_runs, "blocked": blocked,
+               "later": list(receiver.received[len(received):]),
+               "partitions": defs.resolve_asset_graph().get(dg.AssetKey("engagement_graph")).partitions_def}
     finally:
         receiver.close()
         stop(proc)
+
+
+def plant_late_row(path: Path) -> None:
+    """One more event in a published events file, dated at its window's end (a broken upstream writer)."""
+    events = pq.read_table(path)
+    ts = events.schema.field("ts")
+    end = max(events.column("ts").to_pylist()) + timedelta(weeks=1)
+    late = events.slice(0, 1).set_column(5, ts, pa.array([end], ts.type))
+    pq.write_table(pa.concat_tables([events, late.set_column(0, events.schema.field(0), pa.array(["leak"]))]), path)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -117,7 +149,7 @@ def test_a_planted_failing_check_alerts_exactly_once_within_two_ticks(planted):
     assert str(planted["bad_file"]) in alert["description"]
     assert planted["delay"] <= 2 * TICK_S + 5, f"the alert took {planted['delay']:.1f} s, more than two ticks"
     logged = [json.loads(line) for line in (planted["home"] / "alerts.jsonl").read_text().splitlines()]
-    assert logged == [alert]
+    assert logged == [alert] + [m["hir_alert"] for m in planted["later"]]  # the log records what the webhook got
     from dagster._core.scheduler.instigation import TickStatus  # not re-exported by dagster
 
     statuses = [t.status for t in planted["ticks"]]
@@ -143,6 +175,49 @@ def test_the_ui_shows_the_failed_check(planted):
             page.get_by_text("rejected_share", exact=True).first.wait_for(timeout=60_000)  # numeric metadata, plotted
             failed = page.get_by_text("Failed", exact=True)
             failed.nth(1).wait_for(timeout=30_000)  # in the check list and as the latest evaluation's result
+            # the check's Partitions tab: its status per window, both windows failed by the backfill
+            page.get_by_text("Partitions", exact=True).nth(1).click()
+            page.get_by_text("Failed (2)", exact=True).wait_for(timeout=60_000)
+            for window in (KEY, NEXT):
+                page.get_by_text(window, exact=True).first.wait_for(timeout=30_000)
+            # the blocked window: the graph's Partitions tab counts it failed, the other one materialised
+            page.goto(f"{planted['url']}/assets/engagement_graph?view=partitions", wait_until="networkidle")
+            page.get_by_text("Failed (1)", exact=True).wait_for(timeout=60_000)
+            page.get_by_text("Materialized (1)", exact=True).wait_for(timeout=30_000)
         finally:
             page.screenshot(path=str(shot), full_page=True)
             browser.close()
+
+
+def test_a_range_backfill_records_each_windows_check_and_alerts_it(planted):
+    """Each backfill run is tagged with a one-window range (no dagster/partition tag); its check result belongs to its
+    window, readable per window through Dagster's API, and each window's alert names it and links the run."""
+    runs = planted["backfill_runs"]
+    assert sorted(r.tags["dagster/asset_partition_range_start"] for r in runs) == [KEY, NEXT]
+    assert not any("dagster/partition" in r.tags for r in runs)
+    key = dg.AssetCheckKey(dg.AssetKey("raw_events"), "no_rejected_rows")
+    with dg.DagsterInstance.from_config(str(planted["home"])) as instance:
+        for window in (KEY, NEXT):
+            (run,) = [r for r in runs if r.tags["dagster/asset_partition_range_start"] == window]
+            records = instance.event_log_storage.get_asset_check_execution_history(key, limit=10)
+            (record,) = [r for r in records if r.run_id == run.run_id]
+            assert record.partition == window and record.status.value == "FAILED"
+    backfill_alerts = {a["hir_alert"]["partition"]: a["hir_alert"] for a in planted["later"][:2]}
+    assert set(backfill_alerts) == {KEY, NEXT}
+    for window, alert in backfill_alerts.items():
+        assert alert["check"] == "no_rejected_rows" and window in alert["title"] and "[unpartitioned]" not in alert["title"]
+        assert alert["run_url"] == f"http://127.0.0.1:3000/runs/{alert['run_id']}"
+
+
+def test_a_blocked_window_fails_its_partition_and_alerts_once(planted):
+    """The graph's leak guard fails on NEXT: the run fails, NEXT's graph is not published, the partition reads failed
+    through Dagster's API, and one alert names asset, check, window and run."""
+    blocked = planted["blocked"]
+    assert not blocked.success and not (planted["tmp"] / "store" / "engagement_graph" / NEXT).exists()
+    with dg.DagsterInstance.from_config(str(planted["home"])) as instance:
+        status = instance.get_status_by_partition(dg.AssetKey("engagement_graph"), [KEY, NEXT], planted["partitions"])
+        assert status == {KEY: dg.AssetPartitionStatus.MATERIALIZED, NEXT: dg.AssetPartitionStatus.FAILED}
+    (alert,) = [a["hir_alert"] for a in planted["later"][2:]]
+    assert (alert["asset"], alert["check"], alert["partition"], alert["run_id"]) == (
+        "engagement_graph", "no_future_edges", NEXT, blocked.run_id)
+    assert alert["check_url"].endswith("/assets/engagement_graph?view=checks&checkDetail=no_future_edges")
