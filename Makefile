@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-export DAGSTER_HOME ?= $(CURDIR)/.hir/dagster_home
+# One Dagster instance per source: .hir/dagster_home/<source> unless DAGSTER_HOME is set (dagster_project/instance.py).
 export HIR_DATA_DIR ?= $(CURDIR)/data
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_DISABLE_TELEMETRY := 1
@@ -23,27 +23,26 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-$(DAGSTER_HOME)/dagster.yaml:  ## the local instance (deploy/dagster.local.yaml: SQLite, a `gpu` pool of 1, run retries); kept once written
-	@mkdir -p $(DAGSTER_HOME)
-	cp deploy/dagster.local.yaml $@
-
 data: $(VENV)/.installed  ## fetch (MovieLens) or generate (synthetic) the configured source's data
 	$(VENV)/bin/hir prepare
 
-demo: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml data  ## materialise every window end to end, print a summary
-	$(PY) -m dagster_project.demo
+# The source's instance (hir.toml's `source` or HIR_SOURCE): dagster_project.instance prints its folder, installing
+# deploy/dagster.local.yaml there when it has no dagster.yaml, and refuses a folder marked for another source.
+demo: $(VENV)/.installed data  ## materialise every window end to end, print a summary
+	home="$$($(PY) -m dagster_project.instance)" && DAGSTER_HOME="$$home" $(PY) -m dagster_project.demo
 
+# Tests make their own temporary instances: never the one in DAGSTER_HOME.
 test: $(VENV)/.installed  ## the whole suite (CI runs this)
 	HIR_SOURCE=movielens $(VENV)/bin/hir prepare
-	$(PY) -m pytest -q -ra
+	env -u DAGSTER_HOME $(PY) -m pytest -q -ra
 
 test-fast: $(VENV)/.installed  ## everything but the slow end-to-end tests
-	$(PY) -m pytest -q -m "not slow"
+	env -u DAGSTER_HOME $(PY) -m pytest -q -m "not slow"
 
 # The UI needs the source's data (its partitions are the data's windows): `data` fetches or generates it first.
-ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml data  ## the Dagster UI on the demo's instance, on 127.0.0.1 only
-	@echo "hir ui: http://127.0.0.1:3000  instance $(DAGSTER_HOME)  alerts $(DAGSTER_HOME)/alerts.jsonl"
-	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+# dagster_project.ui prints the source and instance it serves and stops `dagster dev` within 10 s on Ctrl-C.
+ui: $(VENV)/.installed data  ## the Dagster UI on the source's instance (as `demo`), on 127.0.0.1 only
+	$(PY) -m dagster_project.ui
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/ingest.py

@@ -15,6 +15,7 @@ warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
 from dagster_aws.s3 import S3Resource
 
+from dagster_project.instance import claim
 from dagster_project.jobs import adapter_job, build_evaluation_job, build_window_job, report_job
 from dagster_project.notify import AlertLogNotifier, Notifier, WebhookNotifier
 from dagster_project.schedules import build_window_schedule
@@ -94,4 +95,6 @@ def notifier() -> Notifier:
     return AlertLogNotifier(path=log)
 
 
-defs = build_definitions(load_config())
+_config = load_config()
+claim(os.environ.get("DAGSTER_HOME"), _config.label)  # one instance per source: refuse another source's instance
+defs = build_definitions(_config)

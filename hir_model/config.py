@@ -63,6 +63,12 @@ class HIRConfig:
 
         return ParquetSource(self.parquet_path, self.window)
 
+    @property
+    def label(self) -> str:
+        """The source as its folders are named (storage, Dagster instance): `synthetic-<scale>` for a synthetic preset
+        other than small."""
+        return _label(self.source, self.synthetic)
+
     def window_spec(self, source: Source | None = None) -> WindowSpec:
         """Aligned windows from the source's first event to its last."""
         first, last = (source or self.make_source()).span()
@@ -84,6 +90,10 @@ def _synthetic_config(overrides: Mapping[str, Any]):
     if isinstance(values.get("start"), str):
         values["start"] = datetime.fromisoformat(values["start"]).replace(tzinfo=timezone.utc)
     return replace(preset(scale), **values)
+
+
+def _label(source: str, synthetic: Mapping[str, Any]) -> str:
+    return _synthetic_label(synthetic) if source == "synthetic" else source
 
 
 def _synthetic_label(synthetic: Mapping[str, Any]) -> str:
@@ -118,7 +128,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         synthetic["scale"] = env["HIR_SYNTHETIC_SCALE"]
     # "{source}" in the storage URI keeps each source's tables apart (the default: .hir/storage/{source}); a synthetic
     # scale other than small is a source of its own there (synthetic-large)
-    label = _synthetic_label(synthetic) if source == "synthetic" else source
+    label = _label(source, synthetic)
     storage = (env.get("HIR_STORAGE_URI") or raw.get("storage_uri", ".hir/storage/{source}")).replace("{source}", label)
     return HIRConfig(
         source=source,
