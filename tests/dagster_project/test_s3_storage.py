@@ -73,3 +73,36 @@ def test_permanent_s3_failure_fails_with_the_s3_error(tmp_path, s3):
     with pytest.raises(Exception, match="NoSuchBucket|does not exist"):
         with store.writing() as staging:
             staging.write_table("a", KEY, "t", pa.table({"x": [1]}))
+
+
+def test_a_failed_blocking_check_leaves_the_s3_partition_and_its_current_pointer(byo, tmp_path, s3, monkeypatch):
+    """Write, audit, publish on S3: a catalogue whose staged table breaks a blocking contract check (a writer bug: one
+    entity twice) uploads nothing; `_CURRENT` and every object of the published version stay as they were."""
+    import dagster as dg
+
+    from hir_assets import events
+
+    config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri="s3://hir-test/runs/demo")
+    job = build_definitions(config).resolve_job_def("hir_window").get_subset(asset_selection={dg.AssetKey("entity_catalog")})
+    assert job.execute_in_process(partition_key=KEY, instance=dg.DagsterInstance.ephemeral()).success
+    prefix = f"runs/demo/entity_catalog/{KEY}/"
+
+    def published() -> dict[str, bytes]:
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="hir-test", Prefix=prefix)["Contents"]]
+        return {k: s3.get_object(Bucket="hir-test", Key=k)["Body"].read() for k in keys}
+
+    before = published()
+    real = events.build_catalog
+
+    def duplicating(source, window, staging):
+        built = real(source, window, staging)
+        path = staging.file(events.CATALOG_ASSET, window.key, "entities")
+        table = pq.read_table(path)
+        pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), path)
+        return built
+
+    monkeypatch.setattr(events, "build_catalog", duplicating)
+    result = job.execute_in_process(partition_key=KEY, instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.success
+    assert [e.check_name for e in result.get_asset_check_evaluations() if not e.passed] == ["unique_entity_id"]
+    assert published() == before and f"{prefix}_CURRENT" in before
