@@ -81,6 +81,7 @@ def test_a_failed_blocking_check_leaves_the_s3_partition_and_its_current_pointer
     import dagster as dg
 
     from hir_assets import events
+    from tests.hir_assets.test_publication import duplicate_staged_row
 
     config = HIRConfig(source="parquet", window="weekly", parquet_path=str(byo), storage_uri="s3://hir-test/runs/demo")
     job = build_definitions(config).resolve_job_def("hir_window").get_subset(asset_selection={dg.AssetKey("entity_catalog")})
@@ -92,16 +93,8 @@ def test_a_failed_blocking_check_leaves_the_s3_partition_and_its_current_pointer
         return {k: s3.get_object(Bucket="hir-test", Key=k)["Body"].read() for k in keys}
 
     before = published()
-    real = events.build_catalog
 
-    def duplicating(source, window, staging):
-        built = real(source, window, staging)
-        path = staging.file(events.CATALOG_ASSET, window.key, "entities")
-        table = pq.read_table(path)
-        pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), path)
-        return built
-
-    monkeypatch.setattr(events, "build_catalog", duplicating)
+    duplicate_staged_row(monkeypatch, "build_catalog", events.CATALOG_ASSET, "entities")
     result = job.execute_in_process(partition_key=KEY, instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
     assert not result.success
     assert [e.check_name for e in result.get_asset_check_evaluations() if not e.passed] == ["unique_entity_id"]

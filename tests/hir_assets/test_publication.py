@@ -33,6 +33,7 @@ from dagster_project.sensors import CHECK_FAILED
 from hir_assets import enrichment, evaluation, events, hierarchy, index, training
 from hir_model.config import HIRConfig
 from hir_model.data.tables import ENTITIES_FILE, EVENTS_FILE
+from hir_model.storage import Staging
 from tests.conftest import W1, write_byo
 from tests.dagster_project.instances import write_home
 from tests.hir_model.rank.test_serve import server
@@ -94,25 +95,30 @@ def wrap(monkeypatch, module, name: str, after):
 # Each plant is a context manager: it corrupts what one asset stages (or reaches for its threshold), yields the run
 # config the run needs, and undoes what it changed outside the run.
 
+def duplicate_first_row(path: Path) -> None:
+    """A writer bug: the table's first row twice (its unique-id contract check fails)."""
+    table = pq.read_table(path)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), path)
+
+
+def duplicate_staged_row(monkeypatch, builder: str, asset: str, file: str) -> None:
+    """`events.<builder>` duplicates the first row of what it staged as `asset`'s `file`."""
+    def after(built, source, window, *rest):
+        staging = next(a for a in rest if isinstance(a, Staging))
+        duplicate_first_row(staging.file(asset, window.key, file))
+        return built
+    wrap(monkeypatch, events, builder, after)
+
+
 @contextmanager
 def duplicate_staged_catalog_row(monkeypatch, p):
-    def after(built, source, window, staging):  # a writer bug: one entity twice in the staged table
-        path = staging.file(events.CATALOG_ASSET, window.key, ENTITIES_FILE)
-        table = pq.read_table(path)
-        pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), path)
-        return built
-    wrap(monkeypatch, events, "build_catalog", after)
+    duplicate_staged_row(monkeypatch, "build_catalog", events.CATALOG_ASSET, ENTITIES_FILE)
     yield {}
 
 
 @contextmanager
 def duplicate_staged_event(monkeypatch, p):
-    def after(report, source, window, catalog, staging, *rest):
-        path = staging.file(events.EVENTS_ASSET, window.key, EVENTS_FILE)
-        table = pq.read_table(path)
-        pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), path)
-        return report
-    wrap(monkeypatch, events, "build_events", after)
+    duplicate_staged_row(monkeypatch, "build_events", events.EVENTS_ASSET, EVENTS_FILE)
     yield {}
 
 
