@@ -17,10 +17,15 @@ export PIP_NO_CACHE_DIR := 1
 # the demo's vectors (the resolved dtype is part of the encoder version).
 demo ui: export HIR_TEXT_DTYPE ?= auto
 
-$(VENV)/.installed: pyproject.toml
+DAGSTER_PATCH := patches/dagster-paginated-partition-keys-end.patch
+
+$(VENV)/.installed: pyproject.toml $(DAGSTER_PATCH)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@# the pinned Dagster plots no partition of a set whose end date has passed: carry the upstream fix (see the patch)
+	@site=$$($(PY) -c 'import dagster, pathlib; print(pathlib.Path(dagster.__file__).parents[1])'); \
+	  patch -s -R -p1 --dry-run -d "$$site" < $(DAGSTER_PATCH) >/dev/null 2>&1 || patch -s -N -p1 -d "$$site" < $(DAGSTER_PATCH)
 	@touch $@
 
 data: $(VENV)/.installed  ## fetch (MovieLens) or generate (synthetic) the configured source's data

@@ -164,6 +164,7 @@ def build_enrichment_assets(partitions: dg.PartitionsDefinition) -> list[dg.Asse
             "media_problems": build.n_problems, "previous_partition": prev_key or "none",
             "encoder_version": build.version, "weights": build.weights, "catalog_clip": clip_status["action"],
             "dims": report.dims, "seconds": round(build.seconds, 2), "entities_per_s": round(build.entities_per_s, 1),
+            "coverage": dg.MetadataValue.float((entities - report.missing) / max(entities, 1)),  # plotted per window
             **{f"interest_agreement_{k}": round(float(v), 4) for k, v in agreement.items() if k != "n"},
             "path": dg.MetadataValue.path(str(store.partition_dir(CONTENT_ASSET, key))),
         }, check_results=results)

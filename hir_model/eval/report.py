@@ -159,11 +159,19 @@ def plot_per_method(results: Sequence[WindowEvaluation | WindowSkipped], metric:
                     band: Band | None = None, columns: int = 3) -> bytes:
     """PNG: one panel per method (shared y axis), `metric` per window with a line per user slice; with `band`, each
     point's interval shaded. What a reader compares window by window: is a method's lead steady or one window's luck."""
+    return _png(per_method_figure(results, metric, target, slices, band, columns))
+
+
+def per_method_figure(results: Sequence[WindowEvaluation | WindowSkipped], metric: str = "recall@20",
+                      target: str = "deep_funnel", slices: Sequence[tuple[str, str]] = (("warm", "known"), ("cold", "known")),
+                      band: Band | None = None, columns: int = 3) -> plt.Figure:
+    """The figure `plot_per_method` renders (the caller closes it)."""
     evals = evaluated(results)
     methods = list(dict.fromkeys(m for e in evals for m in e.methods))
     cols = max(1, min(columns, len(methods)))
     rows = max(1, math.ceil(len(methods) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.0 * rows), squeeze=False, sharey=True)
+    # constrained layout makes room for each row's vertical dates before the next row's titles
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.0 * rows), squeeze=False, sharey=True, layout="constrained")
     for i, ax in enumerate(axes.flat):
         if i >= len(methods):
             ax.set_visible(False)
@@ -174,7 +182,7 @@ def plot_per_method(results: Sequence[WindowEvaluation | WindowSkipped], metric:
         _window_axis(ax, evals)
     if methods:
         axes[0][0].legend(fontsize=7)
-    return _png(fig)
+    return fig
 
 
 def plot_cold_vs_warm(results: Sequence[WindowEvaluation | WindowSkipped], metric: str = "recall@20",

@@ -13,7 +13,7 @@ from hir_model.baselines.lightgcn import LightGCNConfig
 from hir_model.eval.publish import EVALUATION_ASSET, METRICS_FILE, SUMMARY_FILE, summary_table
 from hir_model.eval.pages import (comparison_table, git_commit, print_last_window, report_path, user_band,
                                   write_source_report)
-from hir_model.eval.report import evaluated, plot_per_method
+from hir_model.eval.report import evaluated, per_method_figure, plot_per_method
 from hir_model.eval.run import evaluate_windows
 from hir_model.eval.scoring import EvalConfig
 from hir_model.storage import PartitionStore
@@ -88,6 +88,26 @@ def test_the_per_method_plot_shades_a_band_where_one_is_given(results):
     plain = plot_per_method(results)
     banded = plot_per_method(results, band=lambda e, m, u, i, t, metric: (0.0, 1.0))
     assert plain[:8] == banded[:8] == b"\x89PNG\r\n\x1a\n" and plain != banded
+
+
+def test_the_per_method_titles_and_frames_clear_the_dates_of_the_panel_above(results):
+    import matplotlib.pyplot as plt
+
+    fig = per_method_figure(results, columns=2)
+    try:
+        fig.draw_without_rendering()  # the layout engine places the panels as savefig does (sizes in inches: any dpi)
+        renderer = fig.canvas.get_renderer()
+        panels = [ax for ax in fig.axes if ax.get_visible()]
+        assert len({round(ax.get_position().y0, 3) for ax in panels}) >= 2  # two rows at least: a panel above another
+        for upper in panels:
+            dates = [t.get_window_extent(renderer) for t in upper.get_xticklabels() if t.get_text()]
+            assert len(dates) == len(evaluated(results))
+            for lower in (ax for ax in panels if ax is not upper):
+                title, frame = lower.title.get_window_extent(renderer), lower.get_window_extent(renderer)
+                assert not any(d.overlaps(title) or d.overlaps(frame) for d in dates), \
+                    f"{upper.get_title()!r}'s dates run into {lower.get_title()!r}"
+    finally:
+        plt.close(fig)
 
 
 def test_the_commit_names_the_checkout_marks_local_changes_or_says_unknown(tmp_path):
