@@ -106,15 +106,19 @@ def planted(tmp_path_factory):
             wait_for("the backfill", lambda: instance.get_backfill(backfill_id).status != BulkActionStatus.REQUESTED, 600, proc, log)
             wait_for("an alert per window", lambda: len(receiver.received) >= len(received) + 2, 4 * TICK_S + 60, proc, log)
             backfill_runs = [r for r in instance.get_runs() if r.tags.get("dagster/backfill") == backfill_id]
-            # a blocking check failing on one window: the leak guard of the graph on NEXT (a row after its end)
+            # a blocking check failing on one window, backfilled from the UI's path: the graph's leak guard on NEXT
             graph = defs.resolve_job_def("hir_window").get_subset(asset_selection={dg.AssetKey("engagement_graph")})
             assert graph.execute_in_process(partition_key=KEY, instance=instance).success
             plant_late_row(tmp / "store" / "raw_events" / NEXT / "events.parquet")
-            blocked = graph.execute_in_process(partition_key=NEXT, instance=instance, raise_on_error=False)
+            blocked_id = launch_backfill(url, ["engagement_graph"], [NEXT])
+            wait_for("the blocked backfill", lambda: instance.get_backfill(blocked_id).status != BulkActionStatus.REQUESTED,
+                     600, proc, log)
+            (blocked,) = [r for r in instance.get_runs() if r.tags.get("dagster/backfill") == blocked_id]
             wait_for("the blocked window's alert", lambda: len(receiver.received) >= len(received) + 3, 4 * TICK_S + 60, proc, log)
         yield {"url": url, "home": home, "received": received, "delay": delay, "ticks": ticks,
                "log": log.read_text(errors="replace"), "bad_file": path, "tmp": tmp,
                "backfill": instance.get_backfill(backfill_id), "backfill_runs": backfill_runs, "blocked": blocked,
+               "blocked_backfill": instance.get_backfill(blocked_id),
                "later": list(receiver.received[len(received):]),
                "partitions": defs.resolve_asset_graph().get(dg.AssetKey("engagement_graph")).partitions_def}
     finally:
@@ -193,6 +197,7 @@ def test_a_range_backfill_records_each_windows_check_and_alerts_it(planted):
     """Each backfill run is tagged with a one-window range (no dagster/partition tag); its check result belongs to its
     window, readable per window through Dagster's API, and each window's alert names it and links the run."""
     runs = planted["backfill_runs"]
+    assert planted["backfill"].status == BulkActionStatus.COMPLETED_SUCCESS  # warnings fail checks, not windows
     assert sorted(r.tags["dagster/asset_partition_range_start"] for r in runs) == [KEY, NEXT]
     assert not any("dagster/partition" in r.tags for r in runs)
     key = dg.AssetCheckKey(dg.AssetKey("raw_events"), "no_rejected_rows")
@@ -210,10 +215,12 @@ def test_a_range_backfill_records_each_windows_check_and_alerts_it(planted):
 
 
 def test_a_blocked_window_fails_its_partition_and_alerts_once(planted):
-    """The graph's leak guard fails on NEXT: the run fails, NEXT's graph is not published, the partition reads failed
-    through Dagster's API, and one alert names asset, check, window and run."""
+    """The graph's leak guard fails on NEXT in a backfill: the run fails, NEXT's graph is not published, the backfill
+    ends failed (it said "Succeeded" while its runs had published), the partition reads failed through Dagster's API,
+    and one alert names asset, check, window and run."""
     blocked = planted["blocked"]
-    assert not blocked.success and not (planted["tmp"] / "store" / "engagement_graph" / NEXT).exists()
+    assert blocked.status == dg.DagsterRunStatus.FAILURE and not (planted["tmp"] / "store" / "engagement_graph" / NEXT).exists()
+    assert planted["blocked_backfill"].status == BulkActionStatus.COMPLETED_FAILED
     with dg.DagsterInstance.from_config(str(planted["home"])) as instance:
         status = instance.get_status_by_partition(dg.AssetKey("engagement_graph"), [KEY, NEXT], planted["partitions"])
         assert status == {KEY: dg.AssetPartitionStatus.MATERIALIZED, NEXT: dg.AssetPartitionStatus.FAILED}
