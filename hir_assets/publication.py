@@ -76,8 +76,9 @@ def publishes(fn):
                 continue
             unguarded = blocking_failures(context, event.check_results)
             if unguarded:  # a body that committed without audit(): a programming error, never a silent publication
-                raise RuntimeError(f"{context.assets_def.key.to_user_string()} committed {partition} with failed blocking "
-                                   f"checks {unguarded}: call audit() inside store.writing()")
+                raise dg.Failure(description=f"{context.assets_def.key.to_user_string()} committed {partition} with failed "
+                                             f"blocking checks {unguarded}: call audit() inside store.writing()",
+                                 allow_retries=False)
             yield dg.MaterializeResult(asset_key=event.asset_key, metadata=event.metadata, data_version=event.data_version,
                                        tags=event.tags)
             yield from evaluations(context, event.check_results, partition, materialized=True)
