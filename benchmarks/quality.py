@@ -106,7 +106,7 @@ torch.set_num_threads(1)  # measured: 1 intra-op thread is ~4x faster than 2 on 
 
 
 def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int | None = None, last: int = 4,
-             hir=None, head: HeadConfig = HeadConfig(), skip_last: int = 0, embed=None) -> list:
+             hir=None, head: HeadConfig = HeadConfig(), skip_last: int = 0, embed=None, inductive=None) -> list:
     """`hir` (TrainConfig overrides): publish HIR's artefacts trained with them (`publish_hir`, embedded with `embed`)
     and evaluate as `window_evaluation` does, HIR among the methods; None: the baselines only. `skip_last`: the last that many windows with a successor are
     left out (neither trained on nor evaluated; the first of them only serves as the successor of the last evaluated)."""
@@ -137,7 +137,7 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
             else:
                 print(f"case={name} window={key} {prior_fields(outcome.hir)}", flush=True)
 
-        results = evaluate_published(store, spec, keys, on_window=note)
+        results = evaluate_published(store, spec, keys, on_window=note, inductive=inductive)
         for key, reason in unevaluated.items():
             print(f"case={name} window={key} hir=no reason={reason!r}", flush=True)
     else:

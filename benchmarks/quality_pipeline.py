@@ -5,6 +5,8 @@ and every window evaluated as `window_evaluation` does (`evaluate_published`).""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import os
 import time
@@ -109,7 +111,7 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], overri
             "last_loss": losses[-1] if losses else float("nan"), "min_usage_entropy": min(entropy, default=float("nan"))}
 
 
-def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None) -> list:
+def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None, on_window=None, inductive=None) -> list:
     """Every window of `keys` through `evaluate_published_window` (HIR's rows + baselines) with the window_evaluation
     asset's config, in time order, each warm-starting from the previous window's outcome in process; `on_window(key,
     outcome)` after each evaluated window."""
@@ -117,6 +119,7 @@ def evaluate_published(store: PartitionStore, spec: WindowSpec, keys, truth=None
     from hir_model.eval.window_evaluation import WindowOutcome, evaluate_published_window
 
     config = WindowEvaluationRun().eval_config()
+    config = replace(config, inductive=inductive) if inductive is not None else config  # items without a row, cold users
     results, previous = [], None
     for key in sorted(keys):
         outcome = evaluate_published_window(store, spec, key, config, truth=truth, previous=previous)

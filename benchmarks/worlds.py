@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one world, small, 4 windows")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a TrainConfig field for every world")
     parser.add_argument("--no-hir", action="store_true", help="the baselines only")
+    parser.add_argument("--new-items", default="encoder", help="InductiveConfig.new_items: how items without a row are "
+                                                              "embedded (encoder, content_map)")
     parser.add_argument("--workdir", type=Path, help="keep the worlds' stores here (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=ROOT / ".hir" / "benchmarks" / "worlds", help="reports")
     args = parser.parse_args(argv)
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from quality import run_case
     from quality_pipeline import hir_embed_config, hir_train_overrides
     from hir_model.data.synthetic import SyntheticSource
+    from hir_model.rank.inductive import InductiveConfig
 
     torch.set_num_threads(1)
     hir = None if args.no_hir else hir_train_overrides("synthetic", args.set)
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"world={name} " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
             t0 = time.perf_counter()
             results = run_case(name, SyntheticSource(config, workdir / f"{name}-data"), workdir, args.out, hir=hir,
-                               embed=hir_embed_config("synthetic"))
+                               embed=hir_embed_config("synthetic"), inductive=InductiveConfig(new_items=args.new_items))
             lines = verdicts(name, results) if hir is not None else []
             for line in lines:
                 print(line, flush=True)

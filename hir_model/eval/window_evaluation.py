@@ -26,6 +26,7 @@ from hir_model.data.windows import WindowSpec
 from hir_model.eval.agreement import LevelAgreement, planted_agreement, primitive_affinity
 from hir_model.baselines.registry import BaselinesConfig, baselines
 from hir_model.rank.artefacts import load_artefacts, missing_artefacts
+from hir_model.rank.inductive import InductiveConfig
 from hir_model.eval.hir import HeadMethod
 from hir_model.eval.lift import PairFeatures
 from hir_model.protocol.method import Method
@@ -55,6 +56,7 @@ class WindowEvalConfig:
     methods: tuple[str, ...] = ALL_METHODS  # report columns, in order
     warm_start: bool = True  # stateful baselines start from the latest earlier window's saved state
     truth_entity_types: tuple[str, ...] = ("product",)  # planted-interest agreement on these entities
+    inductive: InductiveConfig = InductiveConfig()  # cold users and items without a row (hir_model.rank.inductive)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,8 @@ def make_methods(names: tuple[str, ...], config: BaselinesConfig, hir: list[Head
     return [pool[n] for n in names if n in pool]
 
 
-def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int) -> tuple[list[HeadMethod], HIRStatus, list]:
+def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int,
+                inductive_config: InductiveConfig = InductiveConfig()) -> tuple[list[HeadMethod], HIRStatus, list]:
     """HIR's rows of `names` from window `key`'s published ranking head (and bom_index for the served row): the methods,
     their status for the report and the partitions read. No row without the head; no served row without the index."""
     from hir_model.rank.inductive import InductiveEncoder
@@ -131,7 +134,7 @@ def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int
     if missing:
         return [], HIRStatus(False, missing), []
     artefacts = load_artefacts(store, key, end_us)
-    inductive = InductiveEncoder(artefacts)
+    inductive = InductiveEncoder(artefacts, inductive_config)
     state = read_head(store.partition_dir(HEAD_ASSET, key))
     rows, has = user_rows(artefacts.embeddings, state.history.user_ids)
     opened = [(HEAD_ASSET, key), (ENCODER_ASSET, key), (EMBEDDINGS_ASSET, key)]
@@ -167,7 +170,7 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
     end_us = to_us(window.end)
     opened: list[tuple[str, str]] = []
     depth = max(config.eval.recall_ks + config.eval.ndcg_ks)
-    hir, status, hir_opened = hir_methods(store, key, end_us, config.methods, depth)
+    hir, status, hir_opened = hir_methods(store, key, end_us, config.methods, depth, config.inductive)
     opened += hir_opened
     if not hir and status.reason is not None and status.reason != "not requested":
         log.warning("window %s: HIR not evaluated: %s", key, status.reason)

@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
+from hir_model.content import to_matrix
 from hir_model.graph.build import GraphConfig
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
@@ -34,6 +35,7 @@ from hir_model.rank.artefacts import WindowArtefacts
 from hir_model.rank.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, ContentLookup, Tokens
 
 US = 1_000_000
+NEW_ITEM_PATHS = ("encoder", "content_map")
 GRAPH_WEIGHTS = GraphConfig()  # the stage weights a cold user's context would carry in the graph
 
 
@@ -43,6 +45,29 @@ class InductiveConfig:
     compile_bias: bool = False  # compile the dense attention bias (few batches: compiling buys little)
     batch_size: int = 32  # sequences per encoder forward
     seed: int = 0  # of the neighbourhood sampler
+    new_items: str = "encoder"  # items without a row: "encoder" (the single-token path) or "content_map" (their content
+    # through a ridge map fitted on window t's warm products, content -> published row; no content: the single token)
+    content_map_ridge: float = 0.1  # the map's ridge, a share of the content Gram matrix's mean diagonal
+
+    def __post_init__(self) -> None:
+        if self.new_items not in NEW_ITEM_PATHS:
+            raise ValueError(f"InductiveConfig.new_items must be one of {NEW_ITEM_PATHS}, got {self.new_items!r}")
+
+
+def fit_content_map(emb, content: pa.Table, ridge: float) -> np.ndarray | None:
+    """(C, W) ridge regression from content vectors to published rows over the warm products that have both, the ridge
+    a share of the content Gram matrix's mean diagonal: where a new item's content says it belongs in the metric space.
+    None with fewer such products than 10 or a tenth of the content's dimensions."""
+    matrix, valid = to_matrix(content.column("embedding"))
+    at = pd.Index(content.column("entity_id").to_pylist()).get_indexer(emb.entity_id)  # (N,) content row of each entity
+    use = (emb.entity_type == "product") & ~emb.cold_start & (at >= 0)
+    use[use] = valid[at[use]]
+    if use.sum() < max(10, matrix.shape[1] // 10):
+        return None
+    x, y = np.nan_to_num(matrix[at[use]]).astype(np.float64), emb.vectors[use].astype(np.float64)  # (n, C), (n, W)
+    gram = x.T @ x  # (C, C)
+    gram[np.diag_indices_from(gram)] += ridge * max(float(np.trace(gram)) / len(gram), 1e-12)
+    return np.linalg.solve(gram, x.T @ y).astype(np.float32)
 
 
 class InductiveEncoder:
@@ -77,8 +102,20 @@ class InductiveEncoder:
         if len(missing):
             content, has = self._item_content(items, missing)
             out[missing] = self._single_tokens(items.ids[missing], content, has)
+            mapping = self.content_map() if self.config.new_items == "content_map" and content is not None else None
+            if mapping is not None and has.any():
+                mapped = content[has] @ mapping  # (n, W)
+                out[missing[has]] = mapped / np.maximum(np.linalg.norm(mapped, axis=1, keepdims=True), 1e-12)
         self.single_token_items = len(missing)
         return out
+
+    def content_map(self) -> np.ndarray | None:
+        """(C, W) `fit_content_map` over window t's published rows and content table, fitted once (None: no fit)."""
+        if not hasattr(self, "_content_map"):
+            table = self.artefacts.content
+            self._content_map = None if table is None or self.content_dim == 0 else fit_content_map(
+                self.artefacts.embeddings, table, self.config.content_map_ridge)
+        return self._content_map
 
     def item_nodes(self, items: ItemSpace) -> np.ndarray:
         """(N,) graph(t) node of each item, -1 for none (items first seen after t; all without a graph)."""
