@@ -279,6 +279,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller synthetic sizes, the last 8 MovieLens windows")
     parser.add_argument("--out", type=Path, default=ROOT / ".hir" / "benchmarks" / "quality", help="where reports go")
     parser.add_argument("--cases", default="synthetic,movielens", help="comma-separated: synthetic, movielens")
+    parser.add_argument("--new-items", default="encoder", help="InductiveConfig.new_items: items without a row (encoder, "
+                                                              "content_map)")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data", help="holds ml-100k/ (fetched by `make data`)")
     parser.add_argument("--store", type=Path, help="evaluate HIR beside the baselines on this materialised store (and nothing else)")
     parser.add_argument("--no-hir", action="store_true", help="the baselines only (no HIR training, embedding, column)")
@@ -331,6 +333,9 @@ def main() -> None:
         run_store(args.store, args.out)
         return
     cases = set(args.cases.split(","))
+    from hir_model.rank.inductive import InductiveConfig
+
+    inductive = InductiveConfig(new_items=args.new_items)
     hir = None if args.no_hir else hir_train_overrides("synthetic", args.set)
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
@@ -342,7 +347,7 @@ def main() -> None:
             for size in ((20_000, 80_000) if args.quick else (100_000, 400_000)):
                 source = SyntheticSource(replace(SyntheticConfig(), events_per_window=size), workdir / f"synthetic-{size}")
                 name = f"synthetic_{size // 1000}k"
-                results = run_case(name, source, workdir, args.out, hir=hir, head=head,
+                results = run_case(name, source, workdir, args.out, hir=hir, head=head, inductive=inductive,
                                    embed=replace(hir_embed_config("synthetic", args.users_view), **embed_set))
                 save_and_compare(name, results, per_case(args.save_users, name), per_case(args.against, name),
                                  targets=(("known", "deep_funnel"), ("new", "engagement")))
@@ -354,10 +359,11 @@ def main() -> None:
             t0 = time.perf_counter()
             hir_ml = None if args.no_hir else hir_train_overrides("movielens", args.set)
             results = run_case("movielens", source, workdir, args.out, windows=8 if args.quick else None, hir=hir_ml,
-                               head=head, skip_last=args.skip_last,
+                               head=head, skip_last=args.skip_last, inductive=inductive,
                                embed=replace(hir_embed_config("movielens", args.users_view), **embed_set))
             movielens_last(results)
-            save_and_compare("movielens", results, args.save_users, args.against)
+            save_and_compare("movielens", results, args.save_users, args.against,
+                             targets=(("known", "deep_funnel"), ("new", "engagement"), ("new", "deep_funnel")))
             print(f"case=movielens_total seconds={time.perf_counter() - t0:.1f} windows={len(evaluated(results))}", flush=True)
 
 

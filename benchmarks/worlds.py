@@ -22,6 +22,8 @@ docs/decisions.md which held-out numbers have been looked at.
     python benchmarks/worlds.py --worlds 1 --scale medium --first 4   # decision world 4 at medium (10x)
     python benchmarks/worlds.py --worlds 1 --held-out  # held-out world 1001: report once
     python benchmarks/worlds.py --worlds 2 --set steps=60   # a TrainConfig field for every world, as in [train.synthetic]
+    python benchmarks/worlds.py --save-users /tmp/a && python benchmarks/worlds.py --new-items content_map --against /tmp/a
+                                                       # a setting against the run before it, paired over users per world
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hir", action="store_true", help="the baselines only")
     parser.add_argument("--new-items", default="encoder", help="InductiveConfig.new_items: how items without a row are "
                                                               "embedded (encoder, content_map)")
+    parser.add_argument("--save-users", type=Path, metavar="DIR", help="write each world's per-user values to DIR/<world>.parquet")
+    parser.add_argument("--against", type=Path, metavar="DIR", help="compare each method with a run saved by --save-users "
+                                                                   "(paired over users: known items' deep funnel, new items' engagement)")
     parser.add_argument("--workdir", type=Path, help="keep the worlds' stores here (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=ROOT / ".hir" / "benchmarks" / "worlds", help="reports")
     args = parser.parse_args(argv)
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from quality import run_case
+    from quality import run_case, save_and_compare
     from quality_pipeline import hir_embed_config, hir_train_overrides
     from hir_model.data.synthetic import SyntheticSource
     from hir_model.rank.inductive import InductiveConfig
@@ -134,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             results = run_case(name, SyntheticSource(config, workdir / f"{name}-data"), workdir, args.out, hir=hir,
                                embed=hir_embed_config("synthetic"), inductive=InductiveConfig(new_items=args.new_items))
+            save_and_compare(name, results, args.save_users / f"{name}.parquet" if args.save_users else None,
+                             args.against / f"{name}.parquet" if args.against else None,
+                             targets=(("known", "deep_funnel"), ("new", "engagement")))
             lines = verdicts(name, results) if hir is not None else []
             for line in lines:
                 print(line, flush=True)
