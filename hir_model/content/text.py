@@ -56,7 +56,7 @@ DTYPES = ("float32", "bfloat16", "auto")
 
 def native_bf16() -> bool:
     """Whether this CPU computes bfloat16 matmuls natively (AVX512-BF16 or AMX). Without them torch emulates bfloat16,
-    and MiniLM runs about 7x slower than in float32 instead of 2.8x faster (docs/results.md)."""
+    and MiniLM runs about 7x slower than in float32 instead of 2.8x faster (docs/history.md)."""
     cpu = getattr(torch, "cpu", None)
     return any(bool(getattr(cpu, check, lambda: False)()) for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 

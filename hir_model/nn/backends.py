@@ -36,7 +36,7 @@ BLOCK = 128  # flex block size (its default)
 
 # Padded tokens per sequence at and above which "auto" takes flex for speed, per (device type, training); None = never
 # for speed (flex only for memory: `dense_budget_bytes`). From `benchmarks/attention.py`, dense timed with its per-batch
-# bias build (figures in docs/results.md):
+# bias build (figures in docs/history.md):
 # - CPU: flex is 1.7x to 4x slower at every N (inference), and has no backward.
 # - CUDA (H200, torch 2.11, N = 256 to 16,384): dense is faster at every N for inference (1.2x-2.5x); for training
 #   flex wins by 4% at 4096 only, ties at 8192 and is 2.4x slower at 16,384, so dense is within 10% everywhere.

@@ -60,7 +60,7 @@ class IndexConfig:
     probe_factor: float | None = None  # a top-k query scores this x k candidates (None: tuned per window, see above)
     target_recall: float = 0.95  # the tuning's target mean recall@k (served vs the head's exact top-k) on calibration users
     max_candidate_share: float = 0.5  # the tuning's ceiling on the mean share of the items a query scores (a top-100 is
-    # 7.5% of MovieLens' 1,330 items by the demo's eighth window: a tenth cannot hold it at 0.95, see docs/results.md)
+    # 7.5% of MovieLens' 1,330 items by the demo's eighth window: a tenth cannot hold it at 0.95, see docs/history.md)
     calibration_users: int = 300  # users the budget is tuned on (none of them among the recall check's)
     recall_k: int = 100
     recall_users: int = 200  # users sampled for the recall measurement
