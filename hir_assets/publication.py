@@ -92,16 +92,19 @@ def evaluations(context: dg.AssetExecutionContext, results: Sequence[dg.AssetChe
     materialisation just recorded (none when the window was not published)."""
     selected = context.selected_asset_check_keys
     specs = {spec.key: spec for spec in context.assets_def.check_specs}
+    targets = {}  # asset key -> its materialisation on the partition: one look-up per asset, not per check
     for result in results:
         key = _check_key(context, result)
         spec = specs[key]
+        if materialized and key.asset_key not in targets:
+            targets[key.asset_key] = _target(context, key.asset_key, partition)
         if key in selected:
             yield dg.Output(None, output_name=context.assets_def.get_output_name_for_asset_check_key(key))
         yield dg.AssetCheckEvaluation(
             asset_key=key.asset_key, check_name=key.name, passed=bool(result.passed), metadata=result.metadata,
             severity=result.severity, description=result.description, blocking=spec.blocking,
             partition=partition if spec.partitions_def is not None else None,
-            target_materialization_data=_target(context, key.asset_key, partition) if materialized else None)
+            target_materialization_data=targets.get(key.asset_key))
 
 
 def _check_key(context: dg.AssetExecutionContext, result: dg.AssetCheckResult) -> dg.AssetCheckKey:

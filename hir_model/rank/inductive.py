@@ -16,6 +16,7 @@ The context's event types are not part of `Queries` (only whether an event conve
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass, replace
 
@@ -102,20 +103,20 @@ class InductiveEncoder:
         if len(missing):
             content, has = self._item_content(items, missing)
             out[missing] = self._single_tokens(items.ids[missing], content, has)
-            mapping = self.content_map() if self.config.new_items == "content_map" and content is not None else None
+            mapping = self.content_map if self.config.new_items == "content_map" and content is not None else None
             if mapping is not None and has.any():
                 mapped = content[has] @ mapping  # (n, W)
                 out[missing[has]] = mapped / np.maximum(np.linalg.norm(mapped, axis=1, keepdims=True), 1e-12)
         self.single_token_items = len(missing)
         return out
 
+    @functools.cached_property
     def content_map(self) -> np.ndarray | None:
         """(C, W) `fit_content_map` over window t's published rows and content table, fitted once (None: no fit)."""
-        if not hasattr(self, "_content_map"):
-            table = self.artefacts.content
-            self._content_map = None if table is None or self.content_dim == 0 else fit_content_map(
-                self.artefacts.embeddings, table, self.config.content_map_ridge)
-        return self._content_map
+        table = self.artefacts.content
+        if table is None or self.content_dim == 0:
+            return None
+        return fit_content_map(self.artefacts.embeddings, table, self.config.content_map_ridge)
 
     def item_nodes(self, items: ItemSpace) -> np.ndarray:
         """(N,) graph(t) node of each item, -1 for none (items first seen after t; all without a graph)."""

@@ -4,7 +4,6 @@ read through the two GraphQL queries the UI sends (against `dagster dev`) and se
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from tests.dagster_project.test_ui import CHROMIUM, CHROMIUM_ARGS, REPO, webserver  # noqa: F401  (dagster dev, per module)
+from tests.dagster_project.test_ui import CHROMIUM, CHROMIUM_ARGS, keep_screenshot, webserver  # noqa: F401  (dagster dev, per module)
 
 pytestmark = pytest.mark.slow
 
@@ -107,11 +106,7 @@ def test_the_partitions_plots_show_in_chromium(webserver, materialised):  # noqa
         page.get_by_text("When graphing values by partition", exact=False).wait_for(timeout=30_000)  # only under plots
         for label in ("dagster/row_count", "rejected_fraction"):
             page.get_by_text(label, exact=True).first.wait_for(timeout=10_000)
-        shot = tmp_path / "ui_raw_events_partition_plots.png"
-        page.screenshot(path=str(shot), full_page=True)
-        artifacts = REPO / ".hir" / "test-artifacts"
-        artifacts.mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, artifacts / shot.name)
+        keep_screenshot(page, tmp_path / "ui_raw_events_partition_plots.png")
         browser.close()
     keys = answers["LatestAssetPartitionsQuery"]["partitionKeyConnection"]["results"]
     assert set(WINDOWS) <= set(keys), f"the UI asked for {keys[:2]}...: apply {PATCH}"

@@ -69,6 +69,14 @@ def webserver(tmp_path_factory):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def keep_screenshot(page, shot: Path) -> None:
+    """The whole page to `shot`, and a copy under .hir/test-artifacts/ to look at after the run."""
+    page.screenshot(path=str(shot), full_page=True)
+    artifacts = REPO / ".hir" / "test-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, artifacts / shot.name)
+
+
 def test_asset_graph_checks_and_a_launch_from_the_ui(webserver, monkeypatch):
     playwright = pytest.importorskip("playwright.sync_api")
     url, home, env, tmp_path = webserver
@@ -109,11 +117,7 @@ def test_asset_graph_checks_and_a_launch_from_the_ui(webserver, monkeypatch):
             run = next(r for r in instance.get_runs() if dg.AssetKey("raw_events") in (r.asset_selection or set()))
         page.goto(f"{url}/runs/{run.run_id}", wait_until="networkidle")
         page.get_by_text("Success", exact=True).first.wait_for(timeout=240_000)
-        shot = tmp_path / "ui_raw_events_run.png"
-        page.screenshot(path=str(shot), full_page=True)
-        artifacts = REPO / ".hir" / "test-artifacts"
-        artifacts.mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, artifacts / shot.name)
+        keep_screenshot(page, tmp_path / "ui_raw_events_run.png")
         browser.close()
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
