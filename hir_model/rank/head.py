@@ -18,7 +18,8 @@ published head state (hir_model.rank.state): the items' vectors and priors, the 
   as matrix factorisation's item bias: prior_weight x temp x log prior(item), temp the checkpoint's engagement
   temperature, prior(item) its decayed engagement in graph(t) (or, with `prior_half_life_days`, in window t's history).
   Cold users take the new users' prior instead (the engagements made in their users' first days) where the structural
-  readout applies. Weights and priors are fitted at end(t) (hir_model.rank.fit).
+  readout applies; elsewhere their score has the rows' form (a vector's dot product) and takes the rows' prior weight.
+  Weights and priors are fitted at end(t) (hir_model.rank.fit).
 - Co-engagement. Warm users add coengagement_weight x their history's recency-weighted item-to-item co-engagement with
   the item (hir_model.rank.coengagement): what the sequence says and the vectors carry only in part. Its weight, like
   the prior's, comes from the earlier heads' track record (hir_model.rank.track).

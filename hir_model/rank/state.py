@@ -86,6 +86,10 @@ class HeadState:
         cold = None
         if self.cold_log_prior is not None and self.prior_weight and c.cold_prior_days is not None and c.cold_structure_weight:
             cold = (c.cold_prior_weight * extend(self.cold_log_prior, self.cold_prior_floor)).astype(np.float32)
+        elif self.log_prior is not None:
+            # without the structural readout a cold user's score is an encoder vector's dot product, the rows' form: it
+            # takes the rows' prior weight (the head's is chosen for the full warm score: kernel, co-engagement)
+            cold = (self.rows_prior_weight * extend(self.log_prior, self.prior_floor)).astype(np.float32)
         structure = extend(self.structure, 0.0) if self.structure is not None and c.cold_structure_weight else None
         co = None
         if self.coengagement is not None and c.coengagement and self.coengagement_weight:

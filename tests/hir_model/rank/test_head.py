@@ -187,3 +187,28 @@ def test_the_calibration_ranks_by_the_kernel_it_is_given():
     mean = fit_prior_weight(train, vectors, flat, MEAN, k=1)
     kernel = fit_prior_weight(train, vectors, flat, HeadConfig(kernel_weight=1.0, kernel_temp=0.1), k=1)
     assert mean.users == kernel.users == 30 and mean.recall[1.0] == 0.0 and kernel.recall[1.0] == 1.0
+
+
+def test_without_the_structural_readout_cold_users_are_scored_as_the_rows_are():
+    """The head's prior weight is chosen for the warm users' full score; a cold user's score has the rows' form, so it takes
+    the rows' weight: the served head and `hir_embeddings` agree on cold users, and warm users keep the head's weight."""
+    from dataclasses import replace
+
+    from hir_model.rank.head import head_scores
+    from hir_model.rank.state import fit_head
+
+    train = _train([(0, 0, 99, False), (1, 0, 98, False), (2, 1, 40, True), (3, 2, 41, True)], 3)
+    vectors = np.eye(3, dtype=np.float32)
+    state = fit_head(train, np.array(["a", "b", "c"], object), np.array(["product"] * 3, object), vectors,
+                     lambda cut: np.array([4.0, 2.0, 1.0]), 0.1, None, HeadConfig(calibrate_days=None, track_min_users=None))
+    state = replace(state, prior_weight=6.0, embeddings_prior_weight=0.5)
+    queries = Queries(np.array(["new", "u0"], object), np.array([-1, 0]), Ragged(np.array([0, 1, 2]), np.array([2, 0])),
+                      np.array([END, END]), np.array([False, False]))
+    cold_vectors = np.array([[0.0, 0.6, 0.8], [0.0, 0.0, 0.0]], np.float32)
+    rows, warm = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], np.float32), np.array([False, True])
+    head = head_scores(queries, state.items(), state.config, rows, warm, cold_vectors)
+    alone = state.config.embeddings_only()
+    embeddings = head_scores(queries, state.items(alone, prior_weight=state.rows_prior_weight), alone, rows, warm, cold_vectors)
+    np.testing.assert_allclose(head[0], embeddings[0], rtol=1e-6)
+    np.testing.assert_allclose(head[0], cold_vectors[0] @ vectors.T + 0.5 * state.log_prior, rtol=1e-6)
+    assert not np.allclose(head[1], embeddings[1])  # warm users: the head's own weight and parts
