@@ -279,8 +279,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller synthetic sizes, the last 8 MovieLens windows")
     parser.add_argument("--out", type=Path, default=ROOT / ".hir" / "benchmarks" / "quality", help="where reports go")
     parser.add_argument("--cases", default="synthetic,movielens", help="comma-separated: synthetic, movielens")
-    parser.add_argument("--new-items", default="encoder", help="InductiveConfig.new_items: items without a row (encoder, "
-                                                              "content_map)")
+    parser.add_argument("--new-items", choices=("encoder", "content_map"), help="items without engagement (the "
+                        "evaluation's InductiveConfig.new_items and entity_embeddings' EmbedConfig.new_items; default: theirs)")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data", help="holds ml-100k/ (fetched by `make data`)")
     parser.add_argument("--store", type=Path, help="evaluate HIR beside the baselines on this materialised store (and nothing else)")
     parser.add_argument("--no-hir", action="store_true", help="the baselines only (no HIR training, embedding, column)")
@@ -335,7 +335,9 @@ def main() -> None:
     cases = set(args.cases.split(","))
     from hir_model.rank.inductive import InductiveConfig
 
-    inductive = InductiveConfig(new_items=args.new_items)
+    inductive = InductiveConfig(**({"new_items": args.new_items} if args.new_items else {}))
+    if args.new_items:
+        embed_set = {**embed_set, "new_items": args.new_items}
     hir = None if args.no_hir else hir_train_overrides("synthetic", args.set)
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ docs/decisions.md which held-out numbers have been looked at.
     python benchmarks/worlds.py --worlds 1 --scale medium --first 4   # decision world 4 at medium (10x)
     python benchmarks/worlds.py --worlds 1 --held-out  # held-out world 1001: report once
     python benchmarks/worlds.py --worlds 2 --set steps=60   # a TrainConfig field for every world, as in [train.synthetic]
-    python benchmarks/worlds.py --save-users /tmp/a && python benchmarks/worlds.py --new-items content_map --against /tmp/a
+    python benchmarks/worlds.py --save-users /tmp/a && python benchmarks/worlds.py --new-items encoder --against /tmp/a
                                                        # a setting against the run before it, paired over users per world
 """
 
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one world, small, 4 windows")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a TrainConfig field for every world")
     parser.add_argument("--no-hir", action="store_true", help="the baselines only")
-    parser.add_argument("--new-items", default="encoder", help="InductiveConfig.new_items: how items without a row are "
-                                                              "embedded (encoder, content_map)")
+    parser.add_argument("--new-items", choices=("encoder", "content_map"), help="items without engagement (the "
+                        "evaluation's InductiveConfig.new_items and entity_embeddings' EmbedConfig.new_items; default: theirs)")
     parser.add_argument("--save-users", type=Path, metavar="DIR", help="write each world's per-user values to DIR/<world>.parquet")
     parser.add_argument("--against", type=Path, metavar="DIR", help="compare each method with a run saved by --save-users "
                                                                    "(paired over users: known items' deep funnel, new items' engagement)")
@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     hir = None if args.no_hir else hir_train_overrides("synthetic", args.set)
     first = (HELD_OUT_FIRST - 1 if args.held_out else 0) + args.first
+    new_items = {"new_items": args.new_items} if args.new_items else {}
     summary = []
     with (contextlib.nullcontext(str(args.workdir)) if args.workdir else tempfile.TemporaryDirectory()) as tmp:
         workdir = Path(tmp)
@@ -138,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"world={name} " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
             t0 = time.perf_counter()
             results = run_case(name, SyntheticSource(config, workdir / f"{name}-data"), workdir, args.out, hir=hir,
-                               embed=hir_embed_config("synthetic"), inductive=InductiveConfig(new_items=args.new_items))
+                               embed=replace(hir_embed_config("synthetic"), **new_items),
+                               inductive=InductiveConfig(**new_items))
             save_and_compare(name, results, args.save_users / f"{name}.parquet" if args.save_users else None,
                              args.against / f"{name}.parquet" if args.against else None,
                              targets=(("known", "deep_funnel"), ("new", "engagement")))

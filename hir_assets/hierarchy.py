@@ -34,6 +34,7 @@ class EntityEmbeddingsRun(Overrides):
 
     batch_size: Optional[int] = None  # seeds per forward pass (in the checkpoint's teacher view)
     users: Optional[str] = None  # warm users' view: "broad" (the teacher's) or "narrow" (the student's); hir.toml [embed]
+    new_items: Optional[str] = None  # cold-start products: "content_map" (their content's place) or "encoder" (single token)
 
     def embed_config(self, base: EmbedConfig = EmbedConfig()) -> EmbedConfig:
         """`base` (hir.toml's [embed] over EmbedConfig's defaults) with the fields this run sets."""

@@ -9,8 +9,9 @@ published row (first seen after end(t)), inductively, with no retraining.
   tree has the shape of a warm user's, the context standing in for the history. When the encoder reads structural
   encodings, graph(t)'s tokens carry theirs and the user's own token the normalised stage-weighted sum of its known
   context items' encodings. Nothing of graph(t) is later than end(t).
-- Items without a row: the `entity_embeddings` asset's single-token path (id code, type `product`, content vector when
-  the item space carries one of the encoder's width).
+- Items without a row: their content through the ridge map from content to window t's rows (hir_model.embed.content_map),
+  as `entity_embeddings` places its cold-start products; items without content (or with `new_items = "encoder"`) take
+  the single-token path (id code, type `product`, content vector when the item space carries one of the encoder's width).
 The context's event types are not part of `Queries` (only whether an event converted), hence the two edge types.
 """
 
@@ -25,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from hir_model.content import to_matrix
+from hir_model.embed.content_map import RIDGE, check_path, fit_content_map, place
 from hir_model.graph.build import GraphConfig
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
@@ -36,7 +37,6 @@ from hir_model.rank.artefacts import WindowArtefacts
 from hir_model.rank.cold_tokens import CLICK_EDGE, ITEM_TYPE, PURCHASE_EDGE, ContentLookup, Tokens
 
 US = 1_000_000
-NEW_ITEM_PATHS = ("encoder", "content_map")
 GRAPH_WEIGHTS = GraphConfig()  # the stage weights a cold user's context would carry in the graph
 
 
@@ -46,29 +46,12 @@ class InductiveConfig:
     compile_bias: bool = False  # compile the dense attention bias (few batches: compiling buys little)
     batch_size: int = 32  # sequences per encoder forward
     seed: int = 0  # of the neighbourhood sampler
-    new_items: str = "encoder"  # items without a row: "encoder" (the single-token path) or "content_map" (their content
-    # through a ridge map fitted on window t's warm products, content -> published row; no content: the single token)
-    content_map_ridge: float = 0.1  # the map's ridge, a share of the content Gram matrix's mean diagonal
+    new_items: str = "content_map"  # items without a row: "content_map" (their content through the ridge map fitted on
+    # window t's warm products, hir_model.embed.content_map; no content: the single token) or "encoder" (the single token)
+    content_map_ridge: float = RIDGE
 
     def __post_init__(self) -> None:
-        if self.new_items not in NEW_ITEM_PATHS:
-            raise ValueError(f"InductiveConfig.new_items must be one of {NEW_ITEM_PATHS}, got {self.new_items!r}")
-
-
-def fit_content_map(emb, content: pa.Table, ridge: float) -> np.ndarray | None:
-    """(C, W) ridge regression from content vectors to published rows over the warm products that have both, the ridge
-    a share of the content Gram matrix's mean diagonal: where a new item's content says it belongs in the metric space.
-    None with fewer such products than 10 or a tenth of the content's dimensions."""
-    matrix, valid = to_matrix(content.column("embedding"))
-    at = pd.Index(content.column("entity_id").to_pylist()).get_indexer(emb.entity_id)  # (N,) content row of each entity
-    use = (emb.entity_type == "product") & ~emb.cold_start & (at >= 0)
-    use[use] = valid[at[use]]
-    if use.sum() < max(10, matrix.shape[1] // 10):
-        return None
-    x, y = np.nan_to_num(matrix[at[use]]).astype(np.float64), emb.vectors[use].astype(np.float64)  # (n, C), (n, W)
-    gram = x.T @ x  # (C, C)
-    gram[np.diag_indices_from(gram)] += ridge * max(float(np.trace(gram)) / len(gram), 1e-12)
-    return np.linalg.solve(gram, x.T @ y).astype(np.float32)
+        check_path(self.new_items, "InductiveConfig")
 
 
 class InductiveEncoder:
@@ -105,8 +88,7 @@ class InductiveEncoder:
             out[missing] = self._single_tokens(items.ids[missing], content, has)
             mapping = self.content_map if self.config.new_items == "content_map" and content is not None else None
             if mapping is not None and has.any():
-                mapped = content[has] @ mapping  # (n, W)
-                out[missing[has]] = mapped / np.maximum(np.linalg.norm(mapped, axis=1, keepdims=True), 1e-12)
+                out[missing[has]] = place(content[has], mapping)
         self.single_token_items = len(missing)
         return out
 

@@ -91,3 +91,25 @@ def test_embed_defaults_take_hir_toml_fields_and_refuse_unknown_ones():
         embed_defaults({"user": "narrow"})
     with pytest.raises(ValueError, match="users must be one of"):
         embed_defaults({"users": "student"})
+
+
+def test_cold_start_products_with_content_take_their_contents_place():
+    """new_items="content_map": cold-start products with content are their content through the ridge map fitted on the
+    warm products' rows; every other row is the single-token or neighbourhood vector it was."""
+    from hir_model.content import to_matrix
+    from hir_model.embed.content_map import fit_content_map, place
+
+    graph, content, _ = tiny_world()
+    model = tiny_model()
+    token = embed_entities(model, graph, AS_OF, content, EmbedConfig(new_items="encoder"))
+    mapped = embed_entities(model, graph, AS_OF, content, EmbedConfig())
+    matrix, valid = to_matrix(content.column("embedding"))
+    row = {e: i for i, e in enumerate(content.column("entity_id").to_pylist())}
+    has = np.array([e in row and valid[row[e]] for e in token.entity_id])
+    moved = token.cold_start & (token.entity_type == "product") & has
+    assert moved.sum() >= 1 and (~token.cold_start & (token.entity_type == "product")).sum() >= 10
+    np.testing.assert_array_equal(mapped.vectors[~moved], token.vectors[~moved])
+    mapping = fit_content_map(token, content)
+    want = place(matrix[[row[e] for e in token.entity_id[moved]]], mapping)
+    np.testing.assert_allclose(mapped.vectors[moved], want, atol=1e-6)
+    assert not np.allclose(mapped.vectors[moved], token.vectors[moved], atol=1e-3)

@@ -7,7 +7,9 @@ import pyarrow as pa
 import pytest
 
 from hir_model.embed.entities import EntityEmbeddings
-from hir_model.rank.inductive import InductiveConfig, fit_content_map
+from hir_model.embed.content_map import fit_content_map
+from hir_model.embed.entities import EmbedConfig
+from hir_model.rank.inductive import InductiveConfig
 
 C, W, N = 12, 8, 60
 
@@ -50,6 +52,7 @@ def test_too_few_warm_products_give_no_map():
 
 
 def test_the_path_is_checked():
-    assert InductiveConfig(new_items="content_map").new_items == "content_map"
-    with pytest.raises(ValueError, match="new_items"):
-        InductiveConfig(new_items="nearest")
+    assert InductiveConfig().new_items == EmbedConfig().new_items == "content_map"  # served, evaluated and published alike
+    for config in (InductiveConfig, EmbedConfig):
+        with pytest.raises(ValueError, match="new_items"):
+            config(new_items="nearest")
