@@ -279,7 +279,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller synthetic sizes, the last 8 MovieLens windows")
     parser.add_argument("--out", type=Path, default=ROOT / ".hir" / "benchmarks" / "quality", help="where reports go")
     parser.add_argument("--cases", default="synthetic,movielens", help="comma-separated: synthetic, movielens")
-    parser.add_argument("--new-items", choices=("encoder", "content_map"), help="items without engagement (the "
+    parser.add_argument("--new-items", choices=("neighbours", "content_map", "encoder"), help="items without engagement (the "
                         "evaluation's InductiveConfig.new_items and entity_embeddings' EmbedConfig.new_items; default: theirs)")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data", help="holds ml-100k/ (fetched by `make data`)")
     parser.add_argument("--store", type=Path, help="evaluate HIR beside the baselines on this materialised store (and nothing else)")

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one world, small, 4 windows")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a TrainConfig field for every world")
     parser.add_argument("--no-hir", action="store_true", help="the baselines only")
-    parser.add_argument("--new-items", choices=("encoder", "content_map"), help="items without engagement (the "
+    parser.add_argument("--new-items", choices=("neighbours", "content_map", "encoder"), help="items without engagement (the "
                         "evaluation's InductiveConfig.new_items and entity_embeddings' EmbedConfig.new_items; default: theirs)")
     parser.add_argument("--save-users", type=Path, metavar="DIR", help="write each world's per-user values to DIR/<world>.parquet")
     parser.add_argument("--against", type=Path, metavar="DIR", help="compare each method with a run saved by --save-users "

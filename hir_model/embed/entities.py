@@ -6,9 +6,8 @@ it; a larger view costs more and shifts the embeddings away from them). Warm use
 student's view (`EmbedConfig.users = "narrow"`, without its edge drop): the engagement term trains a user's vector on
 that view against its entities' (MovieLens's setting, hir.toml [embed.movielens]: docs/decisions.md). Cold-start entities (no edge yet) are embedded from a
 single-token sequence: their own token only, i.e. content vector + type (+ the id's deep-hash code, which for an id the
-model never trained on is just a fixed offset), and flagged `cold_start`; cold-start products with content then take
-their content's place in the window's space instead (`new_items = "content_map"`, hir_model.embed.content_map: a ridge
-map from content to the warm products' rows). Inference runs under `torch.inference_mode` with the encoder's automatic
+model never trained on is just a fixed offset), and flagged `cold_start`; cold-start products with content are then
+placed among the warm products nearest in content instead (`new_items`, hir_model.embed.content_map). Inference runs under `torch.inference_mode` with the encoder's automatic
 backend choice.
 """
 
@@ -22,7 +21,7 @@ import pyarrow as pa
 import torch
 
 from hir_model.content import to_matrix
-from hir_model.embed.content_map import check_path, fit_content_map, place
+from hir_model.embed.content_map import check_path, fit_content_map, fit_neighbours, place, place_by_neighbours
 from hir_model.graph.csr import IS_ENGAGEMENT, Graph
 from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import NODE_TYPES, SELF_EDGE, SampledBatch
@@ -76,8 +75,8 @@ class EmbedConfig:
     sort_chunk: int = 4096  # seeds sampled at once, then batched by sequence length (bounds the sampled tokens in memory)
     seed: int = 0  # the sampler's rng: the same inputs give the same embeddings
     entity_types: tuple[str, ...] = EMBEDDED_TYPES
-    new_items: str = "content_map"  # cold-start products with content: "content_map" (the ridge map from content to the
-    # window's warm product rows, hir_model.embed.content_map) or "encoder" (the single-token path, as every other one)
+    new_items: str = "neighbours"  # cold-start products with content: placed among the warm products nearest in content
+    # ("neighbours"), through a ridge map ("content_map"; hir_model.embed.content_map) or by the single token ("encoder")
 
     def __post_init__(self) -> None:
         if self.users not in USER_VIEWS:
@@ -216,17 +215,22 @@ def embed_entities(model: TrainedModel, graph: Graph, cutoff_us: int, content: p
     _encode(model, ((rows, single_token_batch(graph, nodes[rows], cutoff_us)) for rows in chunks), lookup, vectors)
     ids = np.asarray(graph.nodes.entity_id.take(pa.array(nodes)).to_numpy(zero_copy_only=False), object)
     emb = EntityEmbeddings(ids, np.array([NODE_TYPES[t] for t in types[nodes]], object), vectors, cold, nodes, 0.0)
-    if config.new_items == "content_map" and lookup is not None:
-        _place_cold_products(emb, content, lookup, graph)
+    if config.new_items != "encoder" and lookup is not None:
+        _place_cold_products(emb, content, lookup, config.new_items)
     return replace(emb, seconds=time.perf_counter() - start)
 
 
-def _place_cold_products(emb: EntityEmbeddings, content: pa.Table, lookup: tuple[np.ndarray, np.ndarray], graph: Graph) -> None:
+def _place_cold_products(emb: EntityEmbeddings, content: pa.Table, lookup: tuple[np.ndarray, np.ndarray], new_items: str) -> None:
     """Cold-start products with content take their content's place in the window's space (hir_model.embed.content_map),
     in place; without a map (too few warm products with content) they keep the single token."""
     matrix, node_row = lookup
     row = node_row[emb.node]  # (N,) content row of each entity, -1 for none
     target = np.flatnonzero(emb.cold_start & (emb.entity_type == "product") & (row >= 0))
+    if new_items == "neighbours":
+        fitted = fit_neighbours(emb, content) if len(target) else None
+        if fitted is not None:
+            emb.vectors[target] = place_by_neighbours(matrix[row[target]], fitted)
+        return
     mapping = fit_content_map(emb, content) if len(target) else None
     if mapping is not None:
         emb.vectors[target] = place(matrix[row[target]], mapping)

@@ -9,8 +9,8 @@ published row (first seen after end(t)), inductively, with no retraining.
   tree has the shape of a warm user's, the context standing in for the history. When the encoder reads structural
   encodings, graph(t)'s tokens carry theirs and the user's own token the normalised stage-weighted sum of its known
   context items' encodings. Nothing of graph(t) is later than end(t).
-- Items without a row: their content through the ridge map from content to window t's rows (hir_model.embed.content_map),
-  as `entity_embeddings` places its cold-start products; items without content (or with `new_items = "encoder"`) take
+- Items without a row: placed by their content among window t's warm products (hir_model.embed.content_map), as
+  `entity_embeddings` places its cold-start products; items without content (or with `new_items = "encoder"`) take
   the single-token path (id code, type `product`, content vector when the item space carries one of the encoder's width).
 The context's event types are not part of `Queries` (only whether an event converted), hence the two edge types.
 """
@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from hir_model.embed.content_map import RIDGE, check_path, fit_content_map, place
+from hir_model.embed.content_map import RIDGE, check_path, fit_content_map, fit_neighbours, place, place_by_neighbours
 from hir_model.graph.build import GraphConfig
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
@@ -46,8 +46,8 @@ class InductiveConfig:
     compile_bias: bool = False  # compile the dense attention bias (few batches: compiling buys little)
     batch_size: int = 32  # sequences per encoder forward
     seed: int = 0  # of the neighbourhood sampler
-    new_items: str = "content_map"  # items without a row: "content_map" (their content through the ridge map fitted on
-    # window t's warm products, hir_model.embed.content_map; no content: the single token) or "encoder" (the single token)
+    new_items: str = "neighbours"  # items without a row, with content: "neighbours" or "content_map" (placed from window
+    # t's warm products, hir_model.embed.content_map) or "encoder" (the single token, as items without content)
     content_map_ridge: float = RIDGE
 
     def __post_init__(self) -> None:
@@ -86,18 +86,22 @@ class InductiveEncoder:
         if len(missing):
             content, has = self._item_content(items, missing)
             out[missing] = self._single_tokens(items.ids[missing], content, has)
-            mapping = self.content_map if self.config.new_items == "content_map" and content is not None else None
+            mapping = self.content_map if self.config.new_items != "encoder" and content is not None else None
             if mapping is not None and has.any():
-                out[missing[has]] = place(content[has], mapping)
+                out[missing[has]] = (place_by_neighbours(content[has], mapping) if self.config.new_items == "neighbours"
+                                     else place(content[has], mapping))
         self.single_token_items = len(missing)
         return out
 
     @functools.cached_property
-    def content_map(self) -> np.ndarray | None:
-        """(C, W) `fit_content_map` over window t's published rows and content table, fitted once (None: no fit)."""
+    def content_map(self):
+        """What places items by their content (`fit_neighbours` or `fit_content_map` over window t's published rows and
+        content table), fitted once; None: no fit."""
         table = self.artefacts.content
         if table is None or self.content_dim == 0:
             return None
+        if self.config.new_items == "neighbours":
+            return fit_neighbours(self.artefacts.embeddings, table)
         return fit_content_map(self.artefacts.embeddings, table, self.config.content_map_ridge)
 
     def item_nodes(self, items: ItemSpace) -> np.ndarray:

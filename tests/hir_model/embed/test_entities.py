@@ -93,23 +93,25 @@ def test_embed_defaults_take_hir_toml_fields_and_refuse_unknown_ones():
         embed_defaults({"users": "student"})
 
 
-def test_cold_start_products_with_content_take_their_contents_place():
-    """new_items="content_map": cold-start products with content are their content through the ridge map fitted on the
-    warm products' rows; every other row is the single-token or neighbourhood vector it was."""
+@pytest.mark.parametrize("path", ["neighbours", "content_map"])
+def test_cold_start_products_with_content_take_their_contents_place(path):
+    """Cold-start products with content are placed from the warm products' rows by their content (the path's function,
+    fitted on the single-token run's warm rows); every other row is the single-token or neighbourhood vector it was."""
     from hir_model.content import to_matrix
-    from hir_model.embed.content_map import fit_content_map, place
+    from hir_model.embed.content_map import fit_content_map, fit_neighbours, place, place_by_neighbours
 
     graph, content, _ = tiny_world()
     model = tiny_model()
     token = embed_entities(model, graph, AS_OF, content, EmbedConfig(new_items="encoder"))
-    mapped = embed_entities(model, graph, AS_OF, content, EmbedConfig())
+    placed = embed_entities(model, graph, AS_OF, content, EmbedConfig(new_items=path))
     matrix, valid = to_matrix(content.column("embedding"))
     row = {e: i for i, e in enumerate(content.column("entity_id").to_pylist())}
     has = np.array([e in row and valid[row[e]] for e in token.entity_id])
     moved = token.cold_start & (token.entity_type == "product") & has
     assert moved.sum() >= 1 and (~token.cold_start & (token.entity_type == "product")).sum() >= 10
-    np.testing.assert_array_equal(mapped.vectors[~moved], token.vectors[~moved])
-    mapping = fit_content_map(token, content)
-    want = place(matrix[[row[e] for e in token.entity_id[moved]]], mapping)
-    np.testing.assert_allclose(mapped.vectors[moved], want, atol=1e-6)
-    assert not np.allclose(mapped.vectors[moved], token.vectors[moved], atol=1e-3)
+    np.testing.assert_array_equal(placed.vectors[~moved], token.vectors[~moved])
+    x = matrix[[row[e] for e in token.entity_id[moved]]]
+    want = (place_by_neighbours(x, fit_neighbours(token, content)) if path == "neighbours"
+            else place(x, fit_content_map(token, content)))
+    np.testing.assert_allclose(placed.vectors[moved], want, atol=1e-6)
+    assert not np.allclose(placed.vectors[moved], token.vectors[moved], atol=1e-3)

@@ -1,4 +1,5 @@
-"""New items placed by their content: the ridge map from content to the published rows, fitted on warm products."""
+"""New items placed by their content among window t's warm products: by their nearest neighbours in content (the
+default) or through a ridge map from content to the published rows."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from hir_model.embed.entities import EntityEmbeddings
-from hir_model.embed.content_map import fit_content_map
+from hir_model.embed.content_map import NEIGHBOURS, fit_content_map, fit_neighbours, place_by_neighbours
 from hir_model.embed.entities import EmbedConfig
 from hir_model.rank.inductive import InductiveConfig
 
@@ -52,7 +53,33 @@ def test_too_few_warm_products_give_no_map():
 
 
 def test_the_path_is_checked():
-    assert InductiveConfig().new_items == EmbedConfig().new_items == "content_map"  # served, evaluated and published alike
+    assert InductiveConfig().new_items == EmbedConfig().new_items == "neighbours"  # served, evaluated and published alike
     for config in (InductiveConfig, EmbedConfig):
         with pytest.raises(ValueError, match="new_items"):
             config(new_items="nearest")
+
+
+def test_neighbours_place_an_item_among_the_rows_of_the_products_nearest_in_content():
+    """Content in two tight clusters whose rows point two ways: a new item is placed where its cluster's rows are, and its
+    vector is the softmax-weighted mean of its NEIGHBOURS nearest warm products' rows (by hand), normalised."""
+    rng = np.random.default_rng(3)
+    centres = rng.normal(size=(2, C))
+    cluster = np.repeat([0, 1], N // 2)
+    content = (centres[cluster] + 0.05 * rng.normal(size=(N, C))).astype(np.float32)
+    rows = np.where(cluster[:, None] == 0, np.eye(W)[0], np.eye(W)[1]) + 0.1 * rng.normal(size=(N, W))
+    rows = (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+    ids = np.array([f"p{i}" for i in range(N)], object)
+    emb = EntityEmbeddings(ids, np.array(["product"] * N, object), rows, np.zeros(N, bool), np.arange(N))
+    table = pa.table({"entity_id": list(ids), "embedding": pa.FixedSizeListArray.from_arrays(pa.array(content.reshape(-1)), C)})
+    fitted = fit_neighbours(emb, table)
+    new = (centres[[1, 0]] + 0.05 * rng.normal(size=(2, C))).astype(np.float32)
+    got = place_by_neighbours(new, fitted)
+    assert got[0] @ np.eye(W)[1] > 0.9 and got[1] @ np.eye(W)[0] > 0.9
+    unit = content / np.linalg.norm(content, axis=1, keepdims=True)
+    sims = unit @ (new[0] / np.linalg.norm(new[0]))
+    top = np.argsort(-sims)[:NEIGHBOURS]
+    w = np.exp((sims[top] - sims[top].max()) / 0.05)
+    want = (w / w.sum()) @ rows[top]
+    np.testing.assert_allclose(got[0], want / np.linalg.norm(want), atol=1e-5)
+    few = EntityEmbeddings(ids, emb.entity_type, rows, np.arange(N) >= NEIGHBOURS - 1, np.arange(N))
+    assert fit_neighbours(few, table) is None  # fewer warm products than neighbours
