@@ -13,6 +13,7 @@ HEAD_ITEMS_SCHEMA = pa.schema(
         pa.field("log_prior", pa.float32()),  # temp x log decayed engagement in graph(t), floored; null: no prior
         pa.field("cold_log_prior", pa.float32()),  # the same of new users' first days; null: cold users take log_prior
         pa.field("structure", pa.list_(pa.float32())),  # structural encoding in graph(t); null: no structural readout
+        pa.field("content", pa.list_(pa.float32())),  # unit content vector (content_embeddings(t)); null: none
     ]
 )
 

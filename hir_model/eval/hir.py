@@ -3,11 +3,11 @@
 - `hir`: what is served. Warm users are asked by id and cold users by their context (the events on items the window
   knows) through `Recommender.top`: BoM candidates, the head's scores, already engaged items removed. Items the window
   does not know (first seen in t+1) are never served. Its top `depth` items are the ranking; the rest rank after them.
-- `hir_exact`: the head over every item (items first seen in t+1 through the encoder's single-token path, at the
-  priors' floor): what the served path approximates.
+- `hir_exact`: the head over every item (items first seen in t+1 placed by their content among window t's warm products,
+  at the priors' floor, with the head's content term): what the served path approximates.
 - `hir_embeddings`: the published rows (encoder vectors for cold users) plus the item prior at its own weight
-  (HeadState.rows_prior_weight), no recent items, no kernel, no structural readout: what the learned representation
-  carries on its own.
+  (HeadState.rows_prior_weight), no recent items, no kernel, no structural readout, no content term: what the learned
+  representation carries on its own.
 """
 
 from __future__ import annotations
@@ -47,7 +47,11 @@ class HeadMethod:
             new = self.inductive.item_vectors(items)[items.n_known:] if len(items) > items.n_known else None
             state = self.rec.state
             weight = state.rows_prior_weight if self.mode == "embeddings" else None  # each score's own fitted weight
-            self._items = (items.ids, state.items(self.config, new, prior_weight=weight))
+            content = None
+            if new is not None and items.content is not None and state.content is not None \
+                    and items.content.shape[1] == state.content.shape[1]:
+                content = np.where(items.has_content[items.n_known:, None], items.content[items.n_known:], 0.0)
+            self._items = (items.ids, state.items(self.config, new, prior_weight=weight, new_content=content))
         return self._items[1]
 
     def score(self, queries: Queries, items: ItemSpace) -> np.ndarray:

@@ -10,6 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hir_model.content import to_matrix
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import WindowSpec
 from hir_model.embed.entities import EMBEDDINGS_ASSET
@@ -58,7 +59,22 @@ def build_head_state(store, spec: WindowSpec, key: str, config: HeadConfig = Hea
     strength_at = None if graph is None else (lambda cut: graph.strength_at(nodes, cut))
     track = head_track(store, spec, key, train, items.ids, config) if config.track_min_users is not None else ()
     return fit_head(train, items.ids, np.array([types[i] for i in items.ids], object), inductive.item_vectors(items),
-                    strength_at, inductive.artefacts.prior_scale, inductive.item_structure(items), config, track)
+                    strength_at, inductive.artefacts.prior_scale, inductive.item_structure(items), config, track,
+                    item_content(inductive.artefacts.content, items.ids) if config.content_weight else None)
+
+
+def item_content(content: pa.Table | None, ids: np.ndarray) -> np.ndarray | None:
+    """(N, C) float32 content vectors of `ids` from a content_embeddings table, zero rows for ids without a valid one;
+    None without a table."""
+    if content is None:
+        return None
+    matrix, valid = to_matrix(content.column("embedding"))
+    at = pd.Index(content.column("entity_id").to_pylist()).get_indexer(list(ids))
+    ok = at >= 0
+    ok[ok] = valid[at[ok]]
+    out = np.zeros((len(ids), matrix.shape[1]), np.float32)
+    out[ok] = np.nan_to_num(matrix[at[ok]])
+    return out
 
 
 def head_track(store, spec: WindowSpec, key: str, train: Interactions, item_ids: np.ndarray,

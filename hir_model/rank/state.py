@@ -13,6 +13,8 @@ Files under `ranking_head/<t>/`:
 - `head.json`: the head's settings, the prior's weights (the head's and the published rows' alone), where they came
   from (the earlier heads' track records, hir_model.rank.track, or the held-out calibration), the co-engagement's
   weight, the checkpoint's temperature.
+The items' unit content vectors (`content` in `items.parquet`) are what users' content profiles are read from when an
+item first seen after end(t) is scored (the head's content term, hir_model.rank.head).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class HeadState:
     coengagement: sp.csr_matrix | None = None  # (N, N) float32 item-to-item co-engagement; None: the head has none
     coengagement_weight: float = 0.0  # what multiplies it in warm users' scores (chosen with prior_weight)
     rows_source: str = "head"  # the rows' weight: "track", "config" (rows_prior_weight) or "head" (prior_weight)
+    content: np.ndarray | None = None  # (N, C) float32 unit content vectors, zero rows for items without; None: no content
 
     @property
     def rows_prior_weight(self) -> float:
@@ -74,10 +77,10 @@ class HeadState:
         return len(self.item_ids)
 
     def items(self, config: HeadConfig | None = None, new_vectors: np.ndarray | None = None,
-              prior_weight: float | None = None) -> ItemSide:
+              prior_weight: float | None = None, new_content: np.ndarray | None = None) -> ItemSide:
         """The item side `head_scores` reads, with this state's weights (config: e.g. `embeddings_only()`; None: own;
         prior_weight: None, the head's); `new_vectors` (M, W): items first seen after t appended (at the priors' floors,
-        outside graph(t))."""
+        outside graph(t)), `new_content` (M, C) their content vectors (zero rows: none; None: no content term)."""
         c, m = config or self.config, 0 if new_vectors is None else len(new_vectors)
         extend = lambda x, fill: x if not m else np.concatenate([x, np.full((m,) + x.shape[1:], fill, x.dtype)])  # noqa: E731
         vectors = self.vectors if not m else np.concatenate([self.vectors, np.asarray(new_vectors, np.float32)])
@@ -94,7 +97,15 @@ class HeadState:
         co = None
         if self.coengagement is not None and c.coengagement and self.coengagement_weight:
             co = (self.coengagement_weight * padded(self.coengagement, len(vectors))).astype(np.float32)
-        return ItemSide(vectors, prior, cold, structure, co)
+        content = fresh = None
+        if self.content is not None and new_content is not None and c.content_weight and m:
+            if new_content.shape != (m, self.content.shape[1]):
+                raise ValueError(f"new items' content is {new_content.shape}, the head's items carry {self.content.shape[1]} dims")
+            norm = np.linalg.norm(new_content, axis=1, keepdims=True)
+            unit = np.divide(new_content, norm, out=np.zeros(new_content.shape, np.float32), where=norm > 0)
+            content = np.concatenate([self.content, unit.astype(np.float32)])
+            fresh = np.r_[np.zeros(self.n_items, bool), np.ones(m, bool)]
+        return ItemSide(vectors, prior, cold, structure, co, content, fresh, c.content_weight if content is not None else 0.0)
 
     def summary(self) -> dict:
         """JSON-ready: what `head.json` holds."""
@@ -105,19 +116,21 @@ class HeadState:
                 "calibration": None if self.calibration is None else self.calibration.as_dict(),
                 "weight_grid": list(WEIGHTS), "embeddings_prior_weight": self.rows_prior_weight,
                 "prior_source": self.prior_source, "rows_source": self.rows_source, "coengagement_weight": self.coengagement_weight,
-                "coengagement": self.coengagement is not None, "track": [r.as_dict() for r in self.track]}
+                "coengagement": self.coengagement is not None, "content": self.content is not None,
+                "track": [r.as_dict() for r in self.track]}
 
 
 def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, vectors: np.ndarray,
              strength_at, temp: float, structure: np.ndarray | None, config: HeadConfig = HeadConfig(),
-             track: tuple[TrackRecord, ...] = ()) -> HeadState:
+             track: tuple[TrackRecord, ...] = (), content: np.ndarray | None = None) -> HeadState:
     """The state at end(t) from window t and the earlier heads' `track` records. `strength_at(cutoff_us)`: (N,) each
     item's decayed engagement in graph(t) as of a cutoff <= end(t) (None: no graph, no prior; unused where
     `config.prior_half_life_days` takes the prior from `train`); `temp`: the checkpoint's
     engagement temperature (0: no prior); `structure`: the items' structural encodings when the encoder reads them.
     The prior's and the co-engagement's weights: from the track once it holds `config.track_min_users` judged users,
     else the held-out fit (the head's prior weight) and the config's (`prior_weight`, `coengagement_weight`). The rows'
-    own weight: from the track once it holds `config.rows_track_min_users`, else `rows_prior_weight` or the head's."""
+    own weight: from the track once it holds `config.rows_track_min_users`, else `rows_prior_weight` or the head's.
+    `content`: (N, C) the items' content vectors (zero rows: none), kept unit for the content term; None: no term."""
     if len(item_ids) != train.n_items or len(vectors) != train.n_items:
         raise ValueError(f"{len(item_ids)} item ids and {len(vectors)} vectors for {train.n_items} items of the history")
 
@@ -157,7 +170,16 @@ def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, 
                      None if structure is None else np.asarray(structure, np.float32), float(weight), float(temp), train,
                      calibration, 0.0 if prior is None else prior[1], 0.0 if cold is None else cold[1],
                      None if rows_weight is None else float(rows_weight), source, tuple(track), similarity, float(co_weight),
-                     rows_source)
+                     rows_source, _unit_rows(content))
+
+
+def _unit_rows(x: np.ndarray | None) -> np.ndarray | None:
+    """float32 rows scaled to unit norm (zero rows stay zero); None stays None."""
+    if x is None:
+        return None
+    x = np.nan_to_num(np.asarray(x, np.float32))
+    norm = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.divide(x, norm, out=np.zeros_like(x), where=norm > 0)
 
 
 def _matrix_column(x: np.ndarray | None, n: int) -> pa.Array:
@@ -175,7 +197,8 @@ def write_head(folder: Path, state: HeadState) -> None:
         "log_prior": pa.array(state.log_prior, pa.float32()) if state.log_prior is not None else pa.nulls(n, pa.float32()),
         "cold_log_prior": (pa.array(state.cold_log_prior, pa.float32()) if state.cold_log_prior is not None
                            else pa.nulls(n, pa.float32())),
-        "structure": _matrix_column(state.structure, n)}, schema=HEAD_ITEMS_SCHEMA), folder / f"{ITEMS_FILE}.parquet")
+        "structure": _matrix_column(state.structure, n), "content": _matrix_column(state.content, n)},
+        schema=HEAD_ITEMS_SCHEMA), folder / f"{ITEMS_FILE}.parquet")
     h = state.history
     pq.write_table(pa.table({"user_id": pa.array(list(h.user_ids[h.user]), pa.string()),
                              "entity_id": pa.array(list(state.item_ids[h.item]), pa.string()),
@@ -244,5 +267,6 @@ def read_head(folder: Path) -> HeadState:
                      meta.get("prior_source", "fit" if calibration is not None else "config"),
                      tuple(TrackRecord.from_dict(r) for r in meta.get("track", ())), similarity,
                      float(meta.get("coengagement_weight", 0.0)),
-                     meta.get("rows_source", "track" if meta.get("prior_source") == "track" else "head"))
+                     meta.get("rows_source", "track" if meta.get("prior_source") == "track" else "head"),
+                     _optional_matrix(items["content"]))
 

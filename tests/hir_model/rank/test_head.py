@@ -212,3 +212,38 @@ def test_without_the_structural_readout_cold_users_are_scored_as_the_rows_are():
     np.testing.assert_allclose(head[0], embeddings[0], rtol=1e-6)
     np.testing.assert_allclose(head[0], cold_vectors[0] @ vectors.T + 0.5 * state.log_prior, rtol=1e-6)
     assert not np.allclose(head[1], embeddings[1])  # warm users: the head's own weight and parts
+
+
+def test_items_first_seen_after_the_window_add_the_content_match_and_nothing_else_does(tmp_path):
+    """The content term: content_weight x cosine(the user's stage-weighted content profile, the item's content), for the
+    appended items only; the rows alone (embeddings_only) have none; the pairwise scores and a written state agree."""
+    from hir_model.rank.head import head_scores, head_scores_at
+    from hir_model.rank.state import fit_head, read_head, write_head
+
+    train = _train([(0, 0, 99, False), (0, 1, 98, True), (1, 2, 97, False)], 3)
+    vectors = np.eye(3, dtype=np.float32)
+    content = np.array([[1.0, 0.0], [0.0, 2.0], [0.0, 0.0]], np.float32)  # item 2: no content
+    config = HeadConfig(calibrate_days=None, track_min_users=None, coengagement=False, content_weight=0.8)
+    state = fit_head(train, np.array(["a", "b", "c"], object), np.array(["product"] * 3, object), vectors,
+                     lambda cut: np.array([3.0, 2.0, 1.0]), 0.1, None, config, content=content)
+    new_vectors = np.array([[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]], np.float32)
+    new_content = np.array([[3.0, 0.0], [1.0, 1.0]], np.float32)
+    queries = Queries(np.array(["u0"], object), np.array([0]), Ragged(np.array([0, 2]), np.array([0, 1])),
+                      np.array([99 * DAY_US, 98 * DAY_US]), np.array([False, True]))
+    rows, warm = np.array([[0.6, 0.8, 0.0]], np.float32), np.array([True])
+    with_term = head_scores(queries, state.items(None, new_vectors, new_content=new_content), config, rows, warm, None)
+    without = head_scores(queries, state.items(None, new_vectors), config, rows, warm, None)
+    profile = np.array([1.0, 2.0]) / np.sqrt(5.0)  # item 0 once, item 1 converted (deep_weight 2)
+    np.testing.assert_allclose(with_term[0, :3], without[0, :3])  # known items: no term
+    np.testing.assert_allclose(with_term[0, 3:] - without[0, 3:], 0.8 * profile @ np.array([[1.0, 0.0], [0.5 ** 0.5] * 2]).T,
+                               rtol=1e-5)
+    alone = config.embeddings_only()
+    assert alone.content_weight == 0 and state.items(alone, new_vectors, new_content=new_content).content is None
+    q, c = np.array([0, 0, 0]), np.array([1, 3, 4])
+    at = head_scores_at(queries, state.items(None, new_vectors, new_content=new_content), config, rows, warm, None, q, c)
+    np.testing.assert_allclose(at, with_term[0, c], rtol=1e-6)
+    write_head(tmp_path, state)
+    back = read_head(tmp_path)
+    np.testing.assert_allclose(back.content, [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    np.testing.assert_allclose(head_scores(queries, back.items(None, new_vectors, new_content=new_content), config, rows,
+                                           warm, None), with_term, rtol=1e-6)
