@@ -63,8 +63,8 @@ IGNORES_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_I
 def test_stop_interrupts_the_group_and_kills_what_ignores_it_after_the_grace_period():
     polite = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, process_group=0)
-    polite.stdout.readline()  # started, its SIGINT handler in place
-    assert stop(polite, 5.0, []) == [] and polite.returncode != 0 and not group_members(polite.pid)
+    polite.stdout.readline()  # started, its SIGINT handler in place (a loaded machine can take seconds to unwind it)
+    assert stop(polite, 20.0, []) == [] and polite.returncode != 0 and not group_members(polite.pid)
     stubborn = subprocess.Popen([sys.executable, "-c", IGNORES_SIGINT], stdout=subprocess.PIPE, process_group=0)
     stubborn.stdout.readline()
     start = time.monotonic()

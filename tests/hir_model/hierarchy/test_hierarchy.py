@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hir_model.embed import embed_entities, embeddings_table, read_embeddings
+from hir_model.embed import EmbedConfig, embed_entities, embeddings_table, read_embeddings
 from hir_model.hierarchy import (AssignConfig, HierarchyConfig, adjusted_rand_index, build_hierarchy, distinctive_words,
                                  match_prototypes, soft_assign, super_graph)
 from hir_model.train.centroids import primitive_centroids
@@ -91,9 +91,12 @@ def test_super_graph_spreads_engagement_over_soft_pairs():
 
 
 def test_cold_start_entities_are_embedded_from_content_alone():
+    """The single-token path (`new_items="encoder"`; the default places cold-start products among their content
+    neighbours' rows instead: tests/hir_model/embed/test_entities.py)."""
     graph, content, types = tiny_world()
     model = tiny_model()
-    emb = embed_entities(model, graph, AS_OF, content)
+    token = EmbedConfig(new_items="encoder")
+    emb = embed_entities(model, graph, AS_OF, content, token)
     cold = emb.entity_id[emb.cold_start].tolist()
     assert "n31" in cold  # the last product: no edge at all
     assert len(emb) == len(types) and np.allclose(np.linalg.norm(emb.vectors, axis=1), 1, atol=1e-5)
@@ -105,7 +108,7 @@ def test_cold_start_entities_are_embedded_from_content_alone():
         m = mat.copy()
         m[i] = -m[i]
         table = content.set_column(2, "embedding", pa.FixedSizeListArray.from_arrays(pa.array(m.reshape(-1)), m.shape[1]))
-        again = embed_entities(model, graph, AS_OF, table)
+        again = embed_entities(model, graph, AS_OF, table, token)
         return again.vectors[again.rows(["n31"])[0]]
 
     np.testing.assert_allclose(with_row(0), vec, atol=1e-6)
