@@ -21,7 +21,7 @@ import pyarrow as pa
 import torch
 
 from hir_model.content import to_matrix
-from hir_model.embed.content_map import check_path, fit_content_map, fit_neighbours, place, place_by_neighbours
+from hir_model.embed.content_map import check_path, fit_placer
 from hir_model.graph.csr import IS_ENGAGEMENT, Graph
 from hir_model.graph.sampler import ViewConfig, sample
 from hir_model.graph.types import NODE_TYPES, SELF_EDGE, SampledBatch
@@ -222,18 +222,13 @@ def embed_entities(model: TrainedModel, graph: Graph, cutoff_us: int, content: p
 
 def _place_cold_products(emb: EntityEmbeddings, content: pa.Table, lookup: tuple[np.ndarray, np.ndarray], new_items: str) -> None:
     """Cold-start products with content take their content's place in the window's space (hir_model.embed.content_map),
-    in place; without a map (too few warm products with content) they keep the single token."""
+    in place; without a fit (too few warm products with content) they keep the single token."""
     matrix, node_row = lookup
     row = node_row[emb.node]  # (N,) content row of each entity, -1 for none
     target = np.flatnonzero(emb.cold_start & (emb.entity_type == "product") & (row >= 0))
-    if new_items == "neighbours":
-        fitted = fit_neighbours(emb, content) if len(target) else None
-        if fitted is not None:
-            emb.vectors[target] = place_by_neighbours(matrix[row[target]], fitted)
-        return
-    mapping = fit_content_map(emb, content) if len(target) else None
-    if mapping is not None:
-        emb.vectors[target] = place(matrix[row[target]], mapping)
+    placer = fit_placer(new_items, emb, content) if len(target) else None
+    if placer is not None:
+        emb.vectors[target] = placer(matrix[row[target]])
 
 
 def embeddings_table(emb: EntityEmbeddings) -> pa.Table:

@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from hir_model.embed.content_map import RIDGE, check_path, fit_content_map, fit_neighbours, place, place_by_neighbours
+from hir_model.embed.content_map import RIDGE, check_path, fit_placer
 from hir_model.graph.build import GraphConfig
 from hir_model.graph.hashing import hash_codes
 from hir_model.graph.sampler import ViewConfig, sample
@@ -86,23 +86,20 @@ class InductiveEncoder:
         if len(missing):
             content, has = self._item_content(items, missing)
             out[missing] = self._single_tokens(items.ids[missing], content, has)
-            mapping = self.content_map if self.config.new_items != "encoder" and content is not None else None
-            if mapping is not None and has.any():
-                out[missing[has]] = (place_by_neighbours(content[has], mapping) if self.config.new_items == "neighbours"
-                                     else place(content[has], mapping))
+            placer = self.placer if content is not None else None
+            if placer is not None and has.any():
+                out[missing[has]] = placer(content[has])
         self.single_token_items = len(missing)
         return out
 
     @functools.cached_property
-    def content_map(self):
-        """What places items by their content (`fit_neighbours` or `fit_content_map` over window t's published rows and
-        content table), fitted once; None: no fit."""
+    def placer(self):
+        """`fit_placer` of the configured path over window t's published rows and content table, fitted once; None:
+        no fit (the single token)."""
         table = self.artefacts.content
         if table is None or self.content_dim == 0:
             return None
-        if self.config.new_items == "neighbours":
-            return fit_neighbours(self.artefacts.embeddings, table)
-        return fit_content_map(self.artefacts.embeddings, table, self.config.content_map_ridge)
+        return fit_placer(self.config.new_items, self.artefacts.embeddings, table, self.config.content_map_ridge)
 
     def item_nodes(self, items: ItemSpace) -> np.ndarray:
         """(N,) graph(t) node of each item, -1 for none (items first seen after t; all without a graph)."""

@@ -10,9 +10,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hir_model.content import to_matrix
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import WindowSpec
+from hir_model.embed.content_map import content_rows
 from hir_model.embed.entities import EMBEDDINGS_ASSET
 from hir_model.embed.entity_embeddings import load_embeddings
 from hir_model.protocol.split import CATALOG_COLUMNS, EVENT_COLUMNS, Interactions, SplitConfig, build_train, to_us
@@ -58,23 +58,11 @@ def build_head_state(store, spec: WindowSpec, key: str, config: HeadConfig = Hea
     nodes = inductive.item_nodes(items)
     strength_at = None if graph is None else (lambda cut: graph.strength_at(nodes, cut))
     track = head_track(store, spec, key, train, items.ids, config) if config.track_min_users is not None else ()
+    table = inductive.artefacts.content
+    content = content_rows(table, items.ids)[0] if config.content_weight and table is not None else None
     return fit_head(train, items.ids, np.array([types[i] for i in items.ids], object), inductive.item_vectors(items),
                     strength_at, inductive.artefacts.prior_scale, inductive.item_structure(items), config, track,
-                    item_content(inductive.artefacts.content, items.ids) if config.content_weight else None)
-
-
-def item_content(content: pa.Table | None, ids: np.ndarray) -> np.ndarray | None:
-    """(N, C) float32 content vectors of `ids` from a content_embeddings table, zero rows for ids without a valid one;
-    None without a table."""
-    if content is None:
-        return None
-    matrix, valid = to_matrix(content.column("embedding"))
-    at = pd.Index(content.column("entity_id").to_pylist()).get_indexer(list(ids))
-    ok = at >= 0
-    ok[ok] = valid[at[ok]]
-    out = np.zeros((len(ids), matrix.shape[1]), np.float32)
-    out[ok] = np.nan_to_num(matrix[at[ok]])
-    return out
+                    content)
 
 
 def head_track(store, spec: WindowSpec, key: str, train: Interactions, item_ids: np.ndarray,
