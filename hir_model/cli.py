@@ -42,7 +42,7 @@ def _retrieve(args: argparse.Namespace) -> int:
 
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # before the import: its CPU-feature probing is noise here
     from hir_model.rank.recommender import Recommender, UnknownUser
-    from hir_model.retrieval.load_index import load_window_index
+    from hir_model.retrieval.load_index import WindowIndex, load_window_index
     from hir_model.storage import PartitionStore
 
     if not (args.user or args.entity or args.context or args.context_file):
@@ -52,8 +52,8 @@ def _retrieve(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         context = _context(args)
-        index = load_window_index(store, args.window)
-        rec = None if args.entity else Recommender.load(store, args.window)
+        rec = Recommender.load(store, args.window, increments=True)  # the window and every increment published so far
+        index = WindowIndex(rec.retriever, load_window_index(store, args.window).labels)
     except (FileNotFoundError, ValueError) as exc:
         print(f"hir retrieve: {exc}", file=sys.stderr)
         return 2
@@ -70,7 +70,7 @@ def _retrieve(args: argparse.Namespace) -> int:
     else:
         query = args.user or "context"
         try:
-            hits = rec.recommend(args.user, context, args.k, args.exact, args.include_seen)
+            hits = rec.recommend(args.user, context, args.k, args.exact, args.include_seen, args.scope)
         except UnknownUser as exc:
             print(f"hir retrieve: {exc}", file=sys.stderr)
             return 2
@@ -79,12 +79,15 @@ def _retrieve(args: argparse.Namespace) -> int:
             print(f"hir retrieve: {len(skipped)} context items are not items of window {args.window} and were left out: "
                   f"{', '.join(skipped[:5])}", file=sys.stderr)
         how = ("the ranking head over every item" if args.exact else "BoM candidates reranked by the ranking head") + \
-              ("" if args.include_seen else ", engaged items left out")
+              ("" if args.include_seen else ", engaged items left out") + \
+              ("" if args.scope == "all" else f", {args.scope} items only")
         who = f"user {args.user}" if args.user and rec.knows(args.user) else \
             f"a context of {len(context or []) - len(skipped)} events"
         label = f"for {who} [{index.describe(query)}]" if args.user and rec.knows(args.user) else f"for {who}"
     took = time.perf_counter() - loaded
-    print(f"{label} in {args.window}: top {len(hits)} by {how}; loaded in {loaded - start:.2f}s, answered in "
+    days = sorted({i.day for i in rec.increments})
+    served = f" + increments {days[0]}..{days[-1]} ({rec.arrived_items} items)" if days else ""
+    print(f"{label} in {args.window}{served}: top {len(hits)} by {how}; loaded in {loaded - start:.2f}s, answered in "
           f"{took * 1000:.1f} ms")
     for i, h in enumerate(hits, 1):
         print(f"{i:3d}  {h.score:+.4f}  {h.entity_type:<10} {h.entity_id:<24} {index.describe(h.entity_id)}")
@@ -131,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     retrieve.add_argument("--k", type=int, default=20)
     retrieve.add_argument("--exact", action="store_true", help="score every item instead of the BoM candidates")
     retrieve.add_argument("--include-seen", action="store_true", help="keep the items the user already engaged with")
+    retrieve.add_argument("--scope", choices=("all", "window", "new"), default="all",
+                          help="every served item (default), the window's items only, or the items that arrived after "
+                               "its end (its published increments) only")
     retrieve.set_defaults(func=_retrieve)
     srv = sub.add_parser("serve", help="answer retrieve's queries over HTTP for the newest materialised window, "
                                         "switching to newer windows as they land")

@@ -12,15 +12,25 @@ served. A query is answered in three steps:
    exact top-100 (hir_model.rank.bom_index, hir_model.rank.tune).
 2. Scores: `head_scores` over the candidates (exact: over every item).
 3. The items the user already engaged with by end(t) (a cold user: its context) are removed unless `include_seen`.
+
+Items that arrived after end(t) (hir_model.rank.increment) are served once `with_increments` appends window t's published
+increments: rows n_window .. n_items, at the priors' floors, the BoM postings and the faiss index extended in place.
+They have no prior and no co-engagement to reach them, so they get their own candidates: the increment items nearest the
+query vector and each probed recent item (all of them when they are fewer than the budget). `scope` asks for all items,
+the window's only (what was served before any increment) or the increments' only (the new arrivals); `upto` serves the
+first `upto` rows only (the evaluation's view of what had been published at a past moment).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from hir_model.protocol.metrics import Ragged, in_sorted
 from hir_model.protocol.split import ItemSpace, Queries, warm_queries
@@ -31,6 +41,7 @@ from hir_model.retrieval.index import DEFAULT_PROBE_FACTOR, Hit
 
 US_PER_SECOND = 1_000_000
 KERNEL_PROBES = 3  # the heaviest recent items probed beside the query vector
+SCOPES = ("all", "window", "new")  # every served item, window t's items only, the increments' items only
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,10 @@ class Batch:
     warm: np.ndarray  # (Q,) bool
     rows: np.ndarray  # (Q, W) published rows (zeros for the cold ones)
     cold_vectors: np.ndarray | None  # (Q, W) encoder vectors of the cold ones (zeros for the warm ones)
+
+    def one(self, q: int) -> Batch:
+        """Query `q` alone."""
+        return _one(self, q)
 
 
 class Recommender:
@@ -79,14 +94,83 @@ class Recommender:
         self.item_row = {e: i for i, e in enumerate(state.item_ids)}
         prior = self.items.prior
         self.prior_order = np.argsort(-prior, kind="stable") if prior is not None else np.zeros(0, np.int64)
+        self.item_ids, self.item_types = state.item_ids, state.item_types  # the served items: window t's, then increments'
+        self.n_window = self.n_items = state.n_items
+        self.increments: tuple = ()  # hir_model.rank.increment.Increment, in the order their items were appended
+        self.window_retriever = retriever  # the index over window t's items alone (what `scope="window"` probes)
+        self._new_vectors = np.zeros((0, self.items.vectors.shape[1]), np.float32)  # (m, W) the increments' vectors
+        self._new_content: np.ndarray | None = None  # (m, C) their content vectors (zeros where none)
+        self._new_has = np.zeros(0, bool)  # (m,) which have content
+        self._space: ItemSpace | None = None
 
     @property
     def window(self) -> str:
         return self.state.window
 
+    def with_increments(self, increments: Sequence) -> Recommender:
+        """This window plus `increments` (its published arrivals, hir_model.rank.increment.Increment) appended after the
+        items it serves, as a new Recommender: this one is left serving exactly what it served (a request holding it
+        never sees part of an increment). The faiss index grows in place and the postings of the new items' tokens are
+        copied and extended (hir_model.retrieval.index.Retriever.extended); the head's item side is rebuilt with the new
+        vectors at the priors' floors. ValueError for an increment of another window or an id already served."""
+        added = [inc for inc in increments if len(inc)]
+        for inc in increments:
+            if inc.window != self.window:
+                raise ValueError(f"the increment of {inc.day} is placed in window {inc.window}'s space, not {self.window}'s")
+        if not added:
+            other = copy.copy(self)
+            other.increments = self.increments + tuple(increments)
+            return other
+        ids = np.concatenate([inc.item_ids for inc in added]).astype(object)
+        clash = [e for e in ids if e in self.item_row]
+        repeated = len(set(ids)) < len(ids)
+        if clash or repeated:
+            raise ValueError(f"window {self.window} serves these ids already: {clash[:5]}" if clash else
+                             f"an id appears in two increments of window {self.window}")
+        types = np.concatenate([inc.item_types for inc in added]).astype(object)
+        vectors = np.concatenate([inc.vectors for inc in added]).astype(np.float32)  # (m, W)
+        tokens = pa.concat_tables([inc.tokens for inc in added])
+        served = [inc for inc in self.increments + tuple(increments) if len(inc)]  # every increment with items, in order
+        width = next((inc.content.shape[1] for inc in served if inc.content is not None), 0)
+        fits = [inc.content is not None and inc.content.shape[1] == width for inc in served]  # another width: no content
+        other = copy.copy(self)
+        other.increments = self.increments + tuple(increments)
+        other.item_ids = np.concatenate([self.item_ids, ids])
+        other.item_types = np.concatenate([self.item_types, types])
+        other.n_items = len(other.item_ids)
+        other._new_vectors = np.concatenate([self._new_vectors, vectors])
+        other._new_content = np.concatenate([inc.content if ok else np.zeros((len(inc), width), np.float32)
+                                             for inc, ok in zip(served, fits)]) if width else None
+        other._new_has = np.concatenate([inc.has_content & ok for inc, ok in zip(served, fits)])
+        other.items = self.state.items(self.config, other._new_vectors)
+        other.item_row = dict(self.item_row)
+        other.item_row.update({e: self.n_items + i for i, e in enumerate(ids)})
+        other.retriever = self.retriever.extended(ids, types, vectors, tokens) if self.retriever is not None else None
+        other._space = None
+        if self._inductive is not None:  # its per-item-space cache is its own: one per snapshot (the model is shared)
+            other._inductive = copy.copy(self._inductive)
+        elif self._inductive_loader is not None:
+            other._inductive_loader = lambda: copy.copy(self.inductive)
+        other._lock = threading.Lock()
+        return other
+
+    def scope_range(self, scope: str = "all", upto: int | None = None) -> tuple[int, int]:
+        """[lo, hi) of the item rows `scope` serves, within the first `upto` (None: every served row)."""
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+        hi = self.n_items if upto is None else max(0, min(int(upto), self.n_items))
+        lo = self.n_window if scope == "new" else 0
+        return lo, (min(hi, self.n_window) if scope == "window" else max(hi, lo))
+
+    @property
+    def arrived_items(self) -> int:
+        """Items served from increments."""
+        return self.n_items - self.n_window
+
     @classmethod
-    def load(cls, store, window: str, config: HeadConfig | None = None) -> Recommender:
-        """Window `window`'s ranking head, users' rows and BoM index from the store; FileNotFoundError naming what is
+    def load(cls, store, window: str, config: HeadConfig | None = None, increments: bool = False) -> Recommender:
+        """Window `window`'s ranking head, users' rows and BoM index from the store, with every increment of the window
+        published so far when `increments` (what `hir serve` and `hir retrieve` serve); FileNotFoundError naming what is
         missing (and which windows are materialised)."""
         from hir_model.embed.entity_embeddings import load_embeddings
         from hir_model.retrieval.index import BOM_ASSET
@@ -107,8 +191,12 @@ class Recommender:
             from hir_model.rank.inductive import InductiveEncoder
             return InductiveEncoder(load_artefacts(store, window, state.end_us))
 
-        return cls(state, rows, has, retriever, inductive_loader=loader, probe_factor=load_probe_factor(store, window),
-                   config=config)
+        rec = cls(state, rows, has, retriever, inductive_loader=loader, probe_factor=load_probe_factor(store, window),
+                  config=config)
+        if increments:
+            from hir_model.rank.increment import load_increments
+            rec = rec.with_increments(load_increments(store, window, state.end_us))
+        return rec
 
     # queries ---------------------------------------------------------------------------------------------------
     def knows(self, user: str) -> bool:
@@ -129,12 +217,15 @@ class Recommender:
             cold_vectors[~warm] = self.embed(queries.take(np.flatnonzero(~warm)))
         return Batch(queries, warm, self.user_rows[idx], cold_vectors)
 
-    def context_batch(self, contexts: list[list[ContextEvent]], user_ids: list[str] | None = None) -> Batch:
-        """Users served from their context (events on the window's items; other ids are left out, see `unknown_items`)."""
+    def context_batch(self, contexts: list[list[ContextEvent]], user_ids: list[str] | None = None,
+                      upto: int | None = None) -> Batch:
+        """Users served from their context (events on the served items, within the first `upto` rows; other ids are left
+        out, see `unknown_items`)."""
         user_ids = user_ids or [f"context:{i}" for i in range(len(contexts))]
+        limit = self.n_items if upto is None else upto
         rows, items, ts, deep = [], [], [], []
         for q, events in enumerate(contexts):
-            known = [e for e in events if e.entity_id in self.item_row]
+            known = [e for e in events if self.item_row.get(e.entity_id, limit) < limit]
             stamps = _stamps(known, self.state.end_us)
             order = np.argsort(stamps, kind="stable")
             for j in order:
@@ -165,9 +256,14 @@ class Recommender:
             return self._inductive
 
     def item_space(self) -> ItemSpace:
-        """The head's items as an item space (all known by end(t))."""
-        n = self.state.n_items
-        return ItemSpace(self.state.item_ids, n, np.full(n, -1, np.int64), np.zeros(0, object))
+        """The served items as an item space: window t's known by end(t), then the increments' (with their content, so
+        the encoder reads one in a context as a leaf from its content); one per snapshot (the encoder caches by it)."""
+        if self._space is None:
+            n = self.n_items
+            content = None if self._new_content is None else _RowContent(self.n_window, self._new_content)
+            has = None if self._new_content is None else np.concatenate([np.zeros(self.n_window, bool), self._new_has])
+            self._space = ItemSpace(self.item_ids, self.n_window, np.full(n, -1, np.int64), np.zeros(0, object), content, has)
+        return self._space
 
     # scores ----------------------------------------------------------------------------------------------------
     def scores(self, batch: Batch, columns: np.ndarray | None = None) -> np.ndarray:
@@ -182,21 +278,23 @@ class Recommender:
             out[hot] = warm_query(batch.queries.take(hot), self.items.vectors, batch.rows[hot], self.config)
         return out
 
-    def candidates(self, batch: Batch, k: int, probe_factor: float | None = None,
-                   include_seen: bool = False) -> list[np.ndarray]:
-        """Per query, the item rows the head scores (module docstring), sorted, the user's engaged items left out unless
-        `include_seen`; every item without an index."""
+    def candidates(self, batch: Batch, k: int, probe_factor: float | None = None, include_seen: bool = False,
+                   scope: str = "all", upto: int | None = None) -> list[np.ndarray]:
+        """Per query, the item rows the head scores (module docstring) within `scope_range(scope, upto)`, sorted, the
+        user's engaged items left out unless `include_seen`; every item of the range without an index."""
         seen = batch.queries.context
+        lo, hi = self.scope_range(scope, upto)
         if self.retriever is None or not self.retriever.codebooks:
-            every = np.arange(self.state.n_items)
+            every = np.arange(lo, hi)
             return [every if include_seen else np.setdiff1d(every, seen.row(q)) for q in range(len(batch.queries))]
         factor = self.probe_factor if probe_factor is None else probe_factor
         vectors = self.query_vectors(batch)
         recent = kernel_items(batch.queries, self.config.recent_half_life_days, self.config.deep_weight)
         co = None
-        if self.items.coengagement is not None and batch.warm.any():
+        if self.items.coengagement is not None and batch.warm.any() and scope != "new":
             co = coengagement_rows(batch.queries, self.items.coengagement, self.config.coengagement_half_life_days,
                                    self.config.deep_weight)
+        retriever = self.window_retriever if scope == "window" else self.retriever
         out = []
         for q in range(len(batch.queries)):
             skip = np.zeros(0, np.int64) if include_seen else np.unique(seen.row(q))
@@ -205,28 +303,52 @@ class Recommender:
             def fresh(rows: np.ndarray, n: int) -> np.ndarray:
                 return rows[~in_sorted(skip, rows)][:n]  # np.isin's table grows with the catalogue
 
-            parts = [fresh(self.retriever.probe_vector(vectors[q], budget + len(skip), floor=k + len(skip))[0], max(budget, k))]
-            per_item = math.ceil(budget / KERNEL_PROBES)
-            for item in recent[q][0][:KERNEL_PROBES]:
-                parts.append(fresh(self.retriever.probe_vector(self.items.vectors[item], per_item + len(skip))[0], per_item))
-            if co is not None and batch.warm[q]:  # the items the co-engagement term scores highest
-                parts.append(fresh(top_of_row(co, q, budget + len(skip)), budget))
-            parts.append(fresh(self.prior_order[:math.ceil(budget / 2) + len(skip)], math.ceil(budget / 2)))
-            out.append(np.unique(np.concatenate(parts)))
+            parts = []
+            if scope != "new":
+                probed = retriever.probe_vector(vectors[q], budget + len(skip), floor=k + len(skip))[0]
+                parts.append(fresh(probed, max(budget, k)))
+                per_item = math.ceil(budget / KERNEL_PROBES)
+                for item in recent[q][0][:KERNEL_PROBES]:
+                    parts.append(fresh(retriever.probe_vector(self.items.vectors[item], per_item + len(skip))[0], per_item))
+                if co is not None and batch.warm[q]:  # the items the co-engagement term scores highest
+                    parts.append(fresh(top_of_row(co, q, budget + len(skip)), budget))
+                parts.append(fresh(self.prior_order[:math.ceil(budget / 2) + len(skip)], math.ceil(budget / 2)))
+            if scope != "window" and hi > self.n_window:  # the arrivals: their own candidates (module docstring)
+                parts.append(fresh(self._arrival_rows(vectors[q], recent[q][0][:KERNEL_PROBES], budget + len(skip), hi),
+                                   budget + len(skip)))
+            rows = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+            out.append(rows[(rows >= lo) & (rows < hi)])
         return out
 
+    def _arrival_rows(self, vector: np.ndarray, recent: np.ndarray, budget: int, hi: int) -> np.ndarray:
+        """Increment rows [n_window, hi) nearest the query vector (`budget` of them) and nearest each recent item
+        (budget / KERNEL_PROBES each): all of them when they are fewer. Exact dot products: a day's arrivals are few."""
+        rows = np.arange(self.n_window, hi)
+        if len(rows) <= budget:
+            return rows
+        block = self.items.vectors[self.n_window:hi]  # (m, W)
+        picked = [rows[np.argsort(-(block @ vector), kind="stable")[:budget]]]
+        per_item = math.ceil(budget / KERNEL_PROBES)
+        for item in recent:
+            picked.append(rows[np.argsort(-(block @ self.items.vectors[item]), kind="stable")[:per_item]])
+        return np.unique(np.concatenate(picked))
+
     def top(self, batch: Batch, k: int, exact: bool = False, include_seen: bool = False,
-            probe_factor: float | None = None, candidates: list[np.ndarray] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per query, (item rows, scores) of its top k, best first (ties: lower row first); `candidates`: what
-        `candidates(batch, k, probe_factor, include_seen)` returned, when the caller has it already."""
+            probe_factor: float | None = None, candidates: list[np.ndarray] | None = None, scope: str = "all",
+            upto: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query, (item rows, scores) of its top k within `scope_range(scope, upto)`, best first (ties: lower row
+        first); `candidates`: what `candidates(batch, k, probe_factor, include_seen, scope, upto)` returned, when the
+        caller has it already."""
         seen = batch.queries.context
+        lo, hi = self.scope_range(scope, upto)
         if exact:
-            all_scores = self.scores(batch)
+            every = (lo, hi) == (0, self.n_items)
+            all_scores = self.scores(batch) if every else self.scores(batch, np.arange(lo, hi))
         out = []
-        cands = None if exact else candidates or self.candidates(batch, k, probe_factor, include_seen)
+        cands = None if exact else candidates or self.candidates(batch, k, probe_factor, include_seen, scope, upto)
         for q in range(len(batch.queries)):
             if exact:
-                rows, s = np.arange(self.state.n_items), all_scores[q]
+                rows, s = np.arange(lo, hi), all_scores[q]
             else:
                 rows = cands[q]
                 s = self.scores(_one(batch, q), rows)[0]
@@ -238,11 +360,12 @@ class Recommender:
         return out
 
     def hits(self, rows: np.ndarray, scores: np.ndarray) -> list[Hit]:
-        return [Hit(str(self.state.item_ids[r]), str(self.state.item_types[r]), float(s)) for r, s in zip(rows, scores)]
+        return [Hit(str(self.item_ids[r]), str(self.item_types[r]), float(s)) for r, s in zip(rows, scores)]
 
     def recommend(self, user: str | None = None, context: list[ContextEvent] | None = None, k: int = 20, exact: bool = False,
-                  include_seen: bool = False) -> list[Hit]:
-        """The top k items for `user` (a user with a history in the window) or for `context` (anyone else), best first."""
+                  include_seen: bool = False, scope: str = "all") -> list[Hit]:
+        """The top k items for `user` (a user with a history in the window) or for `context` (anyone else), best first,
+        among `scope`'s items (all, the window's, or the increments')."""
         if user is not None and self.knows(user):
             batch = self.user_batch([user])
         elif context:
@@ -250,8 +373,24 @@ class Recommender:
         else:
             raise UnknownUser(f"user {user!r} has no history in window {self.window} (users known: {len(self.user_index)}); "
                               f"pass a context of their events to serve them")
-        rows, scores = self.top(batch, k, exact, include_seen)[0]
+        rows, scores = self.top(batch, k, exact, include_seen, scope=scope)[0]
         return self.hits(rows, scores)
+
+
+class _RowContent:
+    """Content vectors of the served items as the encoder indexes them (`content[rows]`, `content.shape`): zeros for
+    window t's items (graph(t) carries theirs), the increments' own for theirs, without an (items x width) matrix."""
+
+    def __init__(self, n_window: int, new: np.ndarray):
+        self.n_window, self.new = n_window, new
+        self.shape = (n_window + len(new), new.shape[1])
+
+    def __getitem__(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, np.int64)
+        out = np.zeros((len(rows), self.shape[1]), np.float32)
+        at = rows >= self.n_window
+        out[at] = self.new[rows[at] - self.n_window]
+        return out
 
 
 def _stamps(events: list[ContextEvent], end_us: int) -> np.ndarray:

@@ -2,16 +2,24 @@
 
 A window is materialised when it has both `ranking_head` and `bom_index` (the store commits each partition at once, and
 bom_index is built from ranking_head, so its commit is the signal). The server loads the newest such window before it
-listens, then looks at the store every `poll_seconds`: when a newer window lands, a background thread loads its
-`Recommender` fully (encoder for context queries included) and then swaps one reference. A request reads that reference
-once, at its start, so it is answered entirely by one window, which the response names; requests in flight when the
-swap happens finish on the window they started with. A window that fails to load is logged and the old one kept.
+listens, with every increment of it published so far (`catalog_increment`: the items that arrived after its end,
+hir_model.rank.increment), then looks at the store every `poll_seconds`: when a newer window lands, a background thread
+loads its `Recommender` fully (encoder for context queries included) and then swaps one reference. When an increment of
+the served window lands (a new day, or a day published again with more items), the thread appends its new items to the
+served Recommender (`with_increments`: the faiss index and the postings extended, not rebuilt; a day that lost items or
+changed its vectors is reloaded with the window) and swaps the reference the same way. A request reads that reference
+once, at its start, so it is answered entirely by one snapshot, which the response names (window and increments);
+requests in flight when the swap happens finish on the snapshot they started with. A window or increment that fails to
+load is logged and the old snapshot kept.
 
 Endpoints:
-- `GET /health`: the window served, its items and users, uptime, switches so far.
-- `GET /recommend?user=U&k=20&exact=0&include_seen=0[&context=id1,id2:purchase]` and `POST /recommend` with a JSON
-  object {"user", "context": [{"entity_id", "ts", "event_type"}], "k", "exact", "include_seen"}: {"window", "user",
-  "k", "exact", "include_seen", "items": [{"entity_id", "entity_type", "score"}], "unknown_items"}.
+- `GET /health`: the window served, its items (of which `arrived_items` from increments), the increments served (day,
+  items, digest), users, uptime, switches so far.
+- `GET /recommend?user=U&k=20&exact=0&include_seen=0&scope=all[&context=id1,id2:purchase]` and `POST /recommend` with a
+  JSON object {"user", "context": [{"entity_id", "ts", "event_type"}], "k", "exact", "include_seen", "scope"}:
+  {"window", "increments", "user", "k", "exact", "include_seen", "scope", "items": [{"entity_id", "entity_type",
+  "score"}], "unknown_items"}. `scope`: `all` (every served item), `window` (the window's items only) or `new` (the
+  increments' items only: the new arrivals).
 - 400: bad input (k, a flag, an event type, a timestamp, malformed JSON, an unknown field); 404: a user unknown to the
   window and no context (the message names the window).
 """
@@ -27,6 +35,7 @@ from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -34,14 +43,15 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from hir_model.rank.context import context_event, parse_context
-from hir_model.rank.recommender import ContextEvent, Recommender, UnknownUser
+from hir_model.rank.increment import INCREMENT_ASSET, manifests, read_increment
+from hir_model.rank.recommender import SCOPES, ContextEvent, Recommender, UnknownUser
 from hir_model.rank.state import HEAD_ASSET
 from hir_model.retrieval.index import BOM_ASSET
 
 log = logging.getLogger("hir.serve")
 
 MAX_K = 1000
-QUERY_FIELDS = {"user", "context", "k", "exact", "include_seen"}
+QUERY_FIELDS = {"user", "context", "k", "exact", "include_seen", "scope"}
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,7 @@ class ServeConfig:
     host: str = "127.0.0.1"  # loopback unless an operator opens it
     port: int = 8000
     window: str | None = None  # serve this window only (None: the newest materialised, switching to newer ones)
-    poll_seconds: float = 30.0  # how often the store is looked at for a newer window
+    poll_seconds: float = 30.0  # how often the store is looked at for a newer window and new increments
     access_log: bool = False  # one log line per request
     graceful_seconds: int = 30  # on SIGINT/SIGTERM, how long requests in flight may take to finish
 
@@ -61,20 +71,58 @@ def materialised_windows(store) -> list[str]:
 
 @dataclass(frozen=True)
 class Served:
-    """One window ready to answer: what a request reads once at its start."""
+    """One window with its increments, ready to answer: what a request reads once at its start."""
 
     rec: Recommender
     loaded_at: float  # time.time() when it was ready
     load_seconds: float
+    digests: tuple[tuple[str, str], ...] = ()  # (day, digest) of each increment served, oldest day first
+
+    @property
+    def increments(self) -> list[dict]:
+        """Per day served: its key, the items it added and its digest."""
+        items: dict[str, int] = {}
+        for inc in self.rec.increments:
+            items[inc.day] = items.get(inc.day, 0) + len(inc)
+        return [{"day": d, "items": items.get(d, 0), "digest": g} for d, g in self.digests]
 
 
 def load_served(store, window: str) -> Served:
-    """Window `window` loaded completely, the encoder for context queries included (FileNotFoundError naming what is
-    missing)."""
+    """Window `window` and its published increments loaded completely, the encoder for context queries included
+    (FileNotFoundError naming what is missing)."""
     start = time.perf_counter()
-    rec = Recommender.load(store, window)
+    rec = Recommender.load(store, window, increments=True)
     rec.inductive  # noqa: B018 - loaded now, not by the first context query after the swap
-    return Served(rec, time.time(), time.perf_counter() - start)
+    return Served(rec, time.time(), time.perf_counter() - start, tuple((i.day, i.digest) for i in rec.increments))
+
+
+def extend_served(store, served: Served) -> Served | None:
+    """`served` with the window's increments published since it was loaded appended in place (None: nothing new): a new
+    day's items, or the items a republished day added; a day that lost items or moved one, or disappeared, reloads the
+    window (`load_served`)."""
+    rec = served.rec
+    start = time.perf_counter()
+    current = {d: m["digest"] for d, m in manifests(store, rec.window, rec.state.end_us).items()}
+    before = dict(served.digests)
+    if current == before:
+        return None
+    if set(before) - set(current):
+        return load_served(store, rec.window)
+    added = []
+    for day, digest in current.items():
+        if before.get(day) == digest:
+            continue
+        inc = read_increment(store.partition_dir(INCREMENT_ASSET, day))
+        old = [e for i in rec.increments if i.day == day for e in i.item_ids]
+        fresh = np.array([e not in rec.item_row for e in inc.item_ids], bool)
+        kept = np.flatnonzero(~fresh)
+        same = set(old) <= set(inc.item_ids[kept]) and len(kept) == len(old) and np.allclose(
+            rec.items.vectors[[rec.item_row[e] for e in inc.item_ids[kept]]], inc.vectors[kept], atol=1e-6)
+        if not same:
+            return load_served(store, rec.window)
+        added.append(inc.take(np.flatnonzero(fresh)))
+    extended = rec.with_increments(added)
+    return Served(extended, time.time(), time.perf_counter() - start, tuple(current.items()))
 
 
 class WindowSwitcher:
@@ -93,12 +141,13 @@ class WindowSwitcher:
         self._log_ready(self.served, None)
         self.started = time.monotonic()
         self.switches = 0
+        self.increment_updates = 0  # snapshots swapped in for new increments of the served window
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed: tuple[str, str] | None = None  # the last failed load (window, message), logged once
 
     def start(self) -> None:
-        if self.config.window is None and self._thread is None:
+        if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="hir-serve-poller", daemon=True)
             self._thread.start()
 
@@ -115,11 +164,12 @@ class WindowSwitcher:
                 log.exception("looking for a newer window failed; still serving %s", self.served.rec.window)
 
     def poll(self) -> bool:
-        """Load and swap in the newest materialised window if it is newer than the one served; True if it switched."""
-        windows = materialised_windows(self.store)
+        """Load and swap in the newest materialised window if it is newer than the one served (unless pinned), else the
+        served window's new increments; True if it swapped."""
+        windows = [] if self.config.window is not None else materialised_windows(self.store)
         current = self.served.rec.window
         if not windows or windows[-1] <= current:  # never backwards (a re-run briefly hides its partition)
-            return False
+            return self._poll_increments()
         window = windows[-1]
         try:
             served = load_served(self.store, window)
@@ -133,18 +183,40 @@ class WindowSwitcher:
         self._log_ready(served, current)
         return True
 
+    def _poll_increments(self) -> bool:
+        served = self.served
+        try:
+            extended = extend_served(self.store, served)
+        except Exception as exc:
+            if self._failed != (served.rec.window, str(exc)):
+                log.warning("the increments of window %s could not be loaded (still serving %d of them): %s",
+                            served.rec.window, len(served.digests), exc)
+                self._failed = (served.rec.window, str(exc))
+            return False
+        if extended is None:
+            return False
+        self.served = extended  # the one reference requests read: old requests keep theirs
+        self.increment_updates += 1
+        log.info("window %s: increments %s served (%d items arrived, %d in all), in %.2fs", extended.rec.window,
+                 ", ".join(d for d, _ in extended.digests), extended.rec.arrived_items, extended.rec.n_items,
+                 extended.load_seconds)
+        return True
+
     @staticmethod
     def _log_ready(served: Served, previous: str | None) -> None:
         rec = served.rec
         what = f"switched from window {previous} to {rec.window}" if previous else f"serving window {rec.window}"
-        log.info("%s: %d items, %d users, loaded in %.2fs", what, rec.state.n_items, len(rec.user_index), served.load_seconds)
+        log.info("%s: %d items (%d from %d increments), %d users, loaded in %.2fs", what, rec.n_items, rec.arrived_items,
+                 len(served.digests), len(rec.user_index), served.load_seconds)
 
     def health(self) -> dict:
         served = self.served
         rec = served.rec
-        return {"status": "ok", "window": rec.window, "items": rec.state.n_items, "users": len(rec.user_index),
+        return {"status": "ok", "window": rec.window, "items": rec.n_items, "window_items": rec.n_window,
+                "arrived_items": rec.arrived_items, "increments": served.increments, "users": len(rec.user_index),
                 "uptime_seconds": round(time.monotonic() - self.started, 3), "window_loaded_at": served.loaded_at,
-                "switches": self.switches, "pinned": self.config.window is not None}
+                "switches": self.switches, "increment_updates": self.increment_updates,
+                "pinned": self.config.window is not None}
 
 
 class BadRequest(ValueError):
@@ -158,6 +230,13 @@ class Query:
     k: int = 20
     exact: bool = False
     include_seen: bool = False
+    scope: str = "all"  # every served item, the window's only, or the increments' only (hir_model.rank.recommender)
+
+
+def _scope(value) -> str:
+    if value not in SCOPES:
+        raise BadRequest(f"scope must be one of {list(SCOPES)}, got {value!r}")
+    return value
 
 
 def _k(value) -> int:
@@ -195,7 +274,7 @@ def query_from_params(params: Mapping[str, str]) -> Query:
     except ValueError as exc:
         raise BadRequest(str(exc).replace("--context", "context")) from exc
     return Query(_user(params.get("user")), context, _k(params.get("k", 20)), _flag("exact", params.get("exact", False)),
-                 _flag("include_seen", params.get("include_seen", False)))
+                 _flag("include_seen", params.get("include_seen", False)), _scope(params.get("scope", "all")))
 
 
 def query_from_json(body) -> Query:
@@ -225,14 +304,14 @@ def query_from_json(body) -> Query:
             except ValueError as exc:
                 raise BadRequest(str(exc)) from exc
     return Query(_user(body.get("user")), context, _k(body.get("k", 20)), _flag("exact", body.get("exact", False)),
-                 _flag("include_seen", body.get("include_seen", False)))
+                 _flag("include_seen", body.get("include_seen", False)), _scope(body.get("scope", "all")))
 
 
 def answer(rec: Recommender, query: Query) -> dict:
     """The response body for `query`, all from `rec` (UnknownUser: a user unknown to its window without a context)."""
-    hits = rec.recommend(query.user, query.context, query.k, query.exact, query.include_seen)
-    return {"window": rec.window, "user": query.user, "k": query.k, "exact": query.exact,
-            "include_seen": query.include_seen,
+    hits = rec.recommend(query.user, query.context, query.k, query.exact, query.include_seen, query.scope)
+    return {"window": rec.window, "increments": sorted({i.day for i in rec.increments}), "user": query.user,
+            "k": query.k, "exact": query.exact, "include_seen": query.include_seen, "scope": query.scope,
             "items": [{"entity_id": h.entity_id, "entity_type": h.entity_type, "score": h.score} for h in hits],
             "unknown_items": rec.unknown_items(query.context or [])}
 

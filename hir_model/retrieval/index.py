@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +149,9 @@ class Retriever:
     def __init__(self, index: faiss.Index, item_ids: np.ndarray, item_types: np.ndarray, tokens: pa.Table, postings: pa.Table,
                  emb: EntityEmbeddings, codebooks: list[Codebook] | None = None, probing: Probing = Probing()):
         self.index, self.item_ids, self.item_types, self.codebooks = index, item_ids, item_types, codebooks or []
+        self.size = len(item_ids)  # items this retriever serves: faiss ids [0, size) (the index may hold later ones)
+        self._index_lock = threading.Lock()  # shared by `extended` copies: faiss adds and searches never overlap
+        self.extra_vectors: dict[str, np.ndarray] = {}  # vectors of items without a published row (increments)
         self.probe_factor, self.weight_prior = probing.factor, probing.weight_prior
         self.probe_margin = probing.margin  # None: every query takes its whole budget
         self.ivf, self.ivf_scan = faiss.try_extract_index_ivf(index), probing.ivf_scan  # ivf None: probe the postings
@@ -199,9 +203,61 @@ class Retriever:
         return math.ceil(self.probe_factor * k) if self.codebooks else 0
 
     def vector(self, entity: str) -> np.ndarray:
+        if entity in self.extra_vectors:
+            return self.extra_vectors[entity]
         if entity not in self.emb_row:
             raise KeyError(f"{entity!r} has no embedding in this window")
         return self.emb.vectors[self.emb_row[entity]]
+
+    def extended(self, ids: np.ndarray, types: np.ndarray, vectors: np.ndarray, tokens: pa.Table) -> Retriever:
+        """A retriever over these items plus `ids` (rows size .. size + m), the faiss index extended in place (no
+        retraining, no rebuild: the new vectors are added to it) and each new item put into its tokens' posting lists by
+        weight. This retriever keeps serving exactly its own items: its searches stay within faiss ids [0, size) and its
+        posting lists are not touched (the copy replaces the lists it extends)."""
+        vectors = np.ascontiguousarray(vectors, np.float32)
+        other = copy.copy(self)
+        with self._index_lock:
+            if self.index.ntotal != self.size:  # another extension of this retriever went first: branch on a copy of
+                other.index = faiss.clone_index(self.index)  # its own items (an IVF keeps its trained lists' centroids)
+                other.index.reset()
+                other.index.add(np.ascontiguousarray(self.item_vectors, np.float32))
+                other._index_lock = threading.Lock()
+                other.ivf = faiss.try_extract_index_ivf(other.index)
+            if len(vectors):
+                other.index.add(vectors)
+        other.item_ids = np.concatenate([self.item_ids, np.asarray(ids, object)])
+        other.item_types = np.concatenate([self.item_types, np.asarray(types, object)])
+        other.size = len(other.item_ids)
+        other.item_vectors = np.concatenate([self.item_vectors, vectors]) if len(vectors) else self.item_vectors
+        other.item_row = dict(self.item_row)
+        other.item_row.update({e: self.size + i for i, e in enumerate(ids)})
+        other.extra_vectors = {**self.extra_vectors, **{e: vectors[i] for i, e in enumerate(ids)}}
+        other.tokens, other.postings = dict(self.tokens), dict(self.postings)
+        ent, tok, w = (tokens[c].to_pylist() for c in ("entity_id", "token", "weight"))
+        added: dict[str, list[tuple[int, float]]] = {}
+        for e, t, x in zip(ent, tok, w):
+            if e in other.item_row and other.item_row[e] >= self.size:
+                other.tokens.setdefault(e, []).append((t, x))
+                added.setdefault(t, []).append((other.item_row[e], x))
+        for t, pairs in added.items():  # each extended list re-sorted by weight (descending), ties by row
+            rows, weights = self.postings.get(t, (np.zeros(0, np.int64), np.zeros(0, np.float32)))
+            rows = np.concatenate([rows, np.array([r for r, _ in pairs], np.int64)])
+            weights = np.concatenate([weights, np.array([x for _, x in pairs], np.float32)])
+            order = np.lexsort((rows, -weights))
+            other.postings[t] = (rows[order], weights[order])
+        return other
+
+    def _search(self, q: np.ndarray, n: int, nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """faiss search of one or more query rows within this retriever's items (ids < size; IVF: `nprobe` lists)."""
+        q = np.ascontiguousarray(np.atleast_2d(q), np.float32)
+        with self._index_lock:
+            sel = faiss.IDSelectorRange(0, self.size) if self.index.ntotal > self.size else None
+            if self.ivf is not None:
+                params = faiss.SearchParametersIVF(nprobe=nprobe or self.ivf.nprobe, sel=sel) if sel is not None else \
+                    faiss.SearchParametersIVF(nprobe=nprobe or self.ivf.nprobe)
+            else:
+                params = faiss.SearchParameters(sel=sel) if sel is not None else None
+            return self.index.search(q, n, params=params)
 
     def candidates(self, entity: str, k: int = 20) -> np.ndarray:
         """int64 [c]: item rows in the union of the query's tokens' postings (see the module docstring), sorted."""
@@ -287,14 +343,13 @@ class Retriever:
     def _ivf_probe(self, q: np.ndarray, limit: int, margin: float | None, floor: int) -> tuple[np.ndarray, np.ndarray]:
         """probe_vector over an IVF index: the top `limit` items by dot product over the nearest lists holding about
         ivf_scan x limit items (nprobe doubled until they hold `limit`), cut by `margin` as _merged_probe is."""
-        n = min(limit, self.index.ntotal)
+        n = min(limit, self.size)
         if n <= 0:
             return np.zeros(0, np.int64), np.zeros(0)
         nlist = self.ivf.nlist
-        nprobe = min(nlist, max(1, math.ceil(self.ivf_scan * n * nlist / self.index.ntotal)))
+        nprobe = min(nlist, max(1, math.ceil(self.ivf_scan * n * nlist / self.size)))
         while True:
-            scores, rows = self.index.search(np.ascontiguousarray(q[None], np.float32), n,
-                                             params=faiss.SearchParametersIVF(nprobe=nprobe))  # (1, n) best first
+            scores, rows = self._search(q, n, nprobe)  # (1, n) best first
             if rows[0, -1] >= 0 or nprobe >= nlist:
                 break
             nprobe = min(nlist, 2 * nprobe)
@@ -311,10 +366,9 @@ class Retriever:
         q = self.vector(entity)  # (W,)
         exclude = entity if exclude_self else None
         if exact:
-            n = min(self.index.ntotal, k + int(exclude_self))
-            every = faiss.SearchParametersIVF(nprobe=self.ivf.nlist) if self.ivf is not None else None  # IVF: every list
-            scores, rows = (self.index.search(q[None].astype(np.float32), n, params=every) if n
-                            else (np.zeros((1, 0)), np.zeros((1, 0), np.int64)))
+            n = min(self.size, k + int(exclude_self))
+            every = self.ivf.nlist if self.ivf is not None else None  # IVF: every list
+            scores, rows = self._search(q, n, every) if n else (np.zeros((1, 0)), np.zeros((1, 0), np.int64))
             ok = rows[0] >= 0
             return self._top(rows[0][ok].astype(np.int64), scores[0][ok], k, exclude)
         rows = self.candidates(entity, k + int(exclude_self))
