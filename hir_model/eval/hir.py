@@ -1,8 +1,13 @@
 """HIR in the evaluation: three rows, all scored by the one ranking head (hir_model.rank) from window t's published state.
 
 - `hir`: what is served. Warm users are asked by id and cold users by their context (the events on items the window
-  knows) through `Recommender.top`: BoM candidates, the head's scores, already engaged items removed. Items the window
-  does not know (first seen in t+1) are never served. Its top `depth` items are the ranking; the rest rank after them.
+  knows) through `Recommender.top`: BoM candidates, the head's scores, already engaged items removed. Its top `depth`
+  items are the ranking; the rest rank after them. On items known by end(t) it is window t's answer (`scope="window"`).
+  On items first seen in t+1 it is the answer the served path gave among the increments of window t published by the
+  moment of each judged engagement (`scope="new"`, `Queries.as_of`; `timed`: the evaluation judges each target in the
+  answer of its own moment, hir_model.protocol.metrics.timed_ranking_metrics): an item is servable only from the
+  increment that carries it, as the cadence places it in time (hir_model.rank.increment: from its arrival or from its
+  day's end, plus the lag). Without increments, items first seen in t+1 are never served.
 - `hir_exact`: the head over every item (items first seen in t+1 placed by their content among window t's warm products,
   at the priors' floor, with the head's content term): what the served path approximates.
 - `hir_embeddings`: the published rows (encoder vectors for cold users) plus the item prior at its own weight
@@ -13,6 +18,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from hir_model.protocol.split import Interactions, ItemSpace, Queries
 from hir_model.rank.head import head_scores, head_scores_at
@@ -25,13 +31,21 @@ MODES = {"hir": "served", "hir_exact": "exact", "hir_embeddings": "embeddings"}
 class HeadMethod:
     """One of HIR's rows (module docstring) as an evaluation `Method`."""
 
-    def __init__(self, rec: Recommender, inductive: InductiveEncoder, name: str = "hir", depth: int = 50):
+    def __init__(self, rec: Recommender, inductive: InductiveEncoder, name: str = "hir", depth: int = 50,
+                 arrivals: Recommender | None = None, available_us: np.ndarray | None = None):
+        """arrivals: `rec` with window t's increments appended (the served row's answers on items first seen in t+1;
+        None: none served); available_us: (m,) when each appended item became servable, non-decreasing."""
         if name not in MODES:
             raise ValueError(f"HIR's rows are {sorted(MODES)}, got {name!r}")
         self.rec, self.inductive, self.name, self.mode, self.depth = rec, inductive, name, MODES[name], depth
         self.config = rec.config.embeddings_only() if self.mode == "embeddings" else rec.config
         self._items: tuple[np.ndarray, object] | None = None  # (ids array, ItemSide) of the last item space
         self.warm_served = 0  # warm users answered through the served path (a count for the report)
+        if arrivals is not None and (available_us is None or len(available_us) != arrivals.arrived_items
+                                     or np.any(np.diff(available_us) < 0)):
+            raise ValueError(f"{name}: each appended item needs its servable time, in the order they were appended")
+        self.arrivals, self.available_us = arrivals, available_us
+        self.timed = self.mode == "served" and arrivals is not None  # items first seen in t+1: judged at each moment
 
     def fit(self, train: Interactions, items: ItemSpace) -> None:
         state = self.rec.state
@@ -84,6 +98,8 @@ class HeadMethod:
         return rows, warm, vectors
 
     def _served(self, queries: Queries, items: ItemSpace) -> np.ndarray:
+        if queries.as_of is not None:
+            return self._served_at(queries, items)
         out = np.full((len(queries), len(items)), -np.inf, np.float32)
         known = np.flatnonzero([self.rec.knows(u) for u in queries.user_ids])
         others = np.setdiff1d(np.arange(len(queries)), known)
@@ -101,4 +117,31 @@ class HeadMethod:
             answered += zip(others, self.rec.top(batch, self.depth))
         for q, (rows, scores) in answered:  # head rows are the item space's known rows (checked in fit)
             out[q, rows] = scores
+        return out
+
+    def _served_at(self, queries: Queries, items: ItemSpace) -> np.ndarray:
+        """(Q, N): each query's served answer among the increments' items published by its `as_of` (scope "new"), its
+        top `depth` on the item space's new group; -inf elsewhere (the known items are judged on `_served`'s answers)."""
+        out = np.full((len(queries), len(items)), -np.inf, np.float32)
+        rec = self.arrivals
+        if rec is None:
+            return out
+        column = pd.Index(items.ids).get_indexer(rec.item_ids[rec.n_window:])  # (m,) item-space column of each arrival
+        column[column < items.n_known] = -1  # an arrival the split counts as known (never: ids are new to window t)
+        upto = rec.n_window + np.searchsorted(self.available_us, queries.as_of, side="right")  # (Q,) rows served then
+        known = np.array([rec.knows(u) for u in queries.user_ids], bool)
+        warm_batch = rec.user_batch(list(queries.user_ids[known])) if known.any() else None
+        warm_at = np.cumsum(known) - 1  # each known query's row in warm_batch
+        ctx = queries.context
+        for q in range(len(queries)):
+            if known[q]:
+                batch = warm_batch.one(int(warm_at[q]))
+            else:
+                lo, hi = ctx.ptr[q], ctx.ptr[q + 1]
+                events = [ContextEvent(str(items.ids[i]), int(t), bool(d)) for i, t, d in
+                          zip(ctx.idx[lo:hi], queries.context_ts[lo:hi], queries.context_deep[lo:hi])]
+                batch = rec.context_batch([events], [str(queries.user_ids[q])], upto=int(upto[q]))
+            rows, scores = rec.top(batch, self.depth, scope="new", upto=int(upto[q]))[0]
+            col = column[rows - rec.n_window]
+            out[q, col[col >= 0]] = scores[col >= 0]
         return out

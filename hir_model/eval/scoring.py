@@ -3,6 +3,11 @@
 A slice (users x item group x target kind) with more than `max_users` judged users is evaluated on a seeded sample
 of that many; queries are scored in blocks of at most `score_batch` rows (fewer where a block would pass
 `score_cells`), each block ranked at once, so no users x items matrix is ever held.
+
+A method whose answer on the items first seen in t+1 depends on the moment it is asked (`timed`: HIR's served row, whose
+increments are published over the week) is judged there target by target: each judged user is asked again at the
+moment of each target's first engagement (`Queries.as_of`), and each target is placed in the answer of its moment
+(hir_model.protocol.metrics.timed_ranking_metrics). Every other slice, and every other method, is scored as above.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 from hir_model.eval.lift import LiftConfig
 from hir_model.eval.text_vectors import TextVectorConfig
 from hir_model.protocol.method import Method
-from hir_model.protocol.metrics import Ragged, RankingMetrics, ranking_metrics
+from hir_model.protocol.metrics import Ragged, RankingMetrics, ranking_metrics, timed_ranking_metrics
 from hir_model.protocol.split import ITEM_GROUPS, TARGET_KINDS, SplitConfig, WindowSplit
 
 
@@ -102,6 +107,7 @@ class _Slice:
     exclude: Ragged  # (judged rows) the context within [lo, hi)
     rows: np.ndarray  # (n,) the group's query rows evaluated (ascending): every judged row, or a sample of them
     judged: int  # rows with a target before sampling
+    target_ts: np.ndarray | None = None  # (nnz,) aligned with targets.idx: the user's first t+1 engagement with it
 
 
 def _slices(split: WindowSplit, group, config: EvalConfig) -> list[_Slice]:
@@ -113,14 +119,18 @@ def _slices(split: WindowSplit, group, config: EvalConfig) -> list[_Slice]:
             continue
         exclude = group.queries.context.within(lo, hi)
         for target in TARGET_KINDS:
-            tg = group.targets(target).within(lo, hi)
+            whole = group.targets(target)
+            tg = whole.within(lo, hi)
             judged = np.flatnonzero(tg.sizes > 0)
             if len(judged) == 0:
                 continue
             if len(judged) > config.max_users and priority is None:
                 priority = user_priority(group.queries.user_ids, split.window, config.seed)
             rows = sample_rows(judged, priority, config.max_users) if len(judged) > config.max_users else judged
-            out.append(_Slice(items, target, lo, hi, tg.take(rows), exclude.take(rows), rows, len(judged)))
+            times = group.target_times(target)
+            if times is not None:  # within() keeps the kept entries' order, take() gathers them by position
+                times = times[(whole.idx >= lo) & (whole.idx < hi)][tg.gather(rows)[1]]
+            out.append(_Slice(items, target, lo, hi, tg.take(rows), exclude.take(rows), rows, len(judged), times))
     return out
 
 
@@ -141,29 +151,54 @@ def evaluate_split(split: WindowSplit, methods: Sequence[Method], config: EvalCo
         t0 = time.perf_counter()
         method.fit(split.train, known_items)
         fit_s, score_s = time.perf_counter() - t0, 0.0
-        for group, slices in plans:
-            if not slices:
-                continue
-            sampled = any(len(sl.rows) < sl.judged for sl in slices)
-            scored = (np.unique(np.concatenate([sl.rows for sl in slices])) if sampled
-                      else np.arange(len(group.queries)))  # (S,) ascending query rows
-            parts: list[list[tuple[RankingMetrics, int]]] = [[] for _ in slices]
-            for a, b in query_blocks(len(scored), len(split.items), config):
+        timed = bool(getattr(method, "timed", False))
+        for group, all_slices in plans:
+            # a timed method's new-item slices are judged target by target, at each target's moment (module docstring)
+            at_moment = [sl for sl in all_slices if timed and sl.items == "new" and sl.target_ts is not None]
+            slices = [sl for sl in all_slices if sl not in at_moment]
+            done: dict[int, SliceResult] = {}
+            for sl in at_moment:
                 t1 = time.perf_counter()
-                block = method.score(group.queries.take(scored[a:b]), split.items)  # (b - a, N)
+                m = _timed_metrics(method, split, group, sl, config, ties[sl.items])
                 score_s += time.perf_counter() - t1
+                done[id(sl)] = SliceResult(method.name, group.name, sl.items, sl.target, sl.hi - sl.lo, m,
+                                           group.queries.user_ids[sl.rows[m.rows]], sl.judged)
+            if slices:
+                sampled = any(len(sl.rows) < sl.judged for sl in slices)
+                scored = (np.unique(np.concatenate([sl.rows for sl in slices])) if sampled
+                          else np.arange(len(group.queries)))  # (S,) ascending query rows
+                parts: list[list[tuple[RankingMetrics, int]]] = [[] for _ in slices]
+                for a, b in query_blocks(len(scored), len(split.items), config):
+                    t1 = time.perf_counter()
+                    block = method.score(group.queries.take(scored[a:b]), split.items)  # (b - a, N)
+                    score_s += time.perf_counter() - t1
+                    for sl, part in zip(slices, parts):
+                        first, last = np.searchsorted(sl.rows, [scored[a], scored[b - 1] + 1])
+                        if first == last:
+                            continue
+                        at = np.searchsorted(scored[a:b], sl.rows[first:last])  # their rows of the block
+                        take = np.arange(first, last)
+                        m = ranking_metrics(block[at, sl.lo:sl.hi], sl.targets.take(take), sl.exclude.take(take),
+                                            config.recall_ks, config.ndcg_ks, ties[sl.items])
+                        part.append((m, int(first)))
                 for sl, part in zip(slices, parts):
-                    first, last = np.searchsorted(sl.rows, [scored[a], scored[b - 1] + 1])
-                    if first == last:
-                        continue
-                    at = np.searchsorted(scored[a:b], sl.rows[first:last])  # their rows of the block
-                    take = np.arange(first, last)
-                    m = ranking_metrics(block[at, sl.lo:sl.hi], sl.targets.take(take), sl.exclude.take(take),
-                                        config.recall_ks, config.ndcg_ks, ties[sl.items])
-                    part.append((m, int(first)))
-            for sl, part in zip(slices, parts):
-                m = merge_metrics([p for p, _ in part], [o for _, o in part])
-                results.append(SliceResult(method.name, group.name, sl.items, sl.target, sl.hi - sl.lo, m,
-                                           group.queries.user_ids[sl.rows[m.rows]], sl.judged))
+                    m = merge_metrics([p for p, _ in part], [o for _, o in part])
+                    done[id(sl)] = SliceResult(method.name, group.name, sl.items, sl.target, sl.hi - sl.lo, m,
+                                               group.queries.user_ids[sl.rows[m.rows]], sl.judged)
+            results += [done[id(sl)] for sl in all_slices]
         timings.append(MethodTiming(method.name, round(fit_s, 4), round(score_s, 4)))
     return tuple(results), tuple(timings)
+
+
+def _timed_metrics(method: Method, split: WindowSplit, group, sl: _Slice, config: EvalConfig,
+                   tie_order: np.ndarray) -> RankingMetrics:
+    """A slice judged target by target: each judged user asked at the moment of each of its targets' first engagement
+    (one query per distinct (user, moment)), each target placed in the answer of its moment."""
+    user = np.repeat(np.arange(len(sl.rows)), sl.targets.sizes)  # (nnz,) judged row of each target
+    pairs, answer = np.unique(np.stack([user, sl.target_ts]), axis=1, return_inverse=True)  # (2, A) distinct (row, moment)
+    answer = np.asarray(answer).reshape(-1)
+    queries = group.queries.take(sl.rows[pairs[0]]).at(pairs[1])
+    scores = np.zeros((len(queries), sl.hi - sl.lo), np.float32)
+    for a, b in query_blocks(len(queries), len(split.items), config):
+        scores[a:b] = method.score(queries.take(np.arange(a, b)), split.items)[:, sl.lo:sl.hi]
+    return timed_ranking_metrics(scores, answer, sl.targets, sl.exclude, config.recall_ks, config.ndcg_ks, tie_order)

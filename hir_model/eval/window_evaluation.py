@@ -8,8 +8,10 @@ and `bom_index`: three rows, hir_model.eval.hir) and the baselines are scored on
 - with planted ground truth (synthetic source): NMI and ARI per level of the hierarchy's top primitives;
 - the stateful baselines warm-start from the latest earlier window's saved state (never a later one).
 
-Reads: raw_events <= t+1, entity_catalog t and t+1, content_embeddings t and t+1 (new items only), and window t's
-HIR artefacts. `opened` lists every (asset, partition) read, so the asset can check that nothing else was.
+Reads: raw_events <= t+1, entity_catalog t and t+1, content_embeddings t and t+1 (new items only), window t's HIR
+artefacts and the increments of window t (catalog_increment of the days of t+1: items first seen in t+1, placed in
+window t's space, each causal by its own blocking check). `opened` lists every (asset, partition) read, so the asset can
+check that nothing else was.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hir_model.data.windows import WindowSpec
 from hir_model.eval.agreement import LevelAgreement, planted_agreement, primitive_affinity
 from hir_model.baselines.registry import BaselinesConfig, baselines
 from hir_model.rank.artefacts import load_artefacts, missing_artefacts
+from hir_model.rank.increment import ARRIVAL_LAG_S, CADENCES, INCREMENT_ASSET
 from hir_model.rank.inductive import InductiveConfig
 from hir_model.eval.hir import HeadMethod
 from hir_model.eval.lift import PairFeatures
@@ -57,6 +60,14 @@ class WindowEvalConfig:
     warm_start: bool = True  # stateful baselines start from the latest earlier window's saved state
     truth_entity_types: tuple[str, ...] = ("product",)  # planted-interest agreement on these entities
     inductive: InductiveConfig = InductiveConfig()  # cold users and items without a row (hir_model.rank.inductive)
+    increments: bool = True  # the served row answers items first seen in t+1 from window t's published increments
+    arrival_cadence: str = "arrival"  # when an increment's item became servable: "arrival" (its first_seen_ts, the
+    # arrival sensor's cadence) or "day_end" (its day's end, the daily schedule's), plus arrival_lag_s
+    arrival_lag_s: float = ARRIVAL_LAG_S  # from a catalogue file landing to the item served (benchmarks/arrivals.py)
+
+    def __post_init__(self) -> None:
+        if self.arrival_cadence not in CADENCES:
+            raise ValueError(f"WindowEvalConfig.arrival_cadence must be one of {CADENCES}, got {self.arrival_cadence!r}")
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class HIRStatus:
     cold_users_encoded: int | None = None  # cold users the frozen encoder read
     single_token_items: int | None = None  # items first seen in t+1, read as a single token
     rows: list[str] | None = None  # HIR's rows in the table
+    increments: dict | None = None  # the served row's increments: days, items, cadence, lag
 
     def as_dict(self) -> dict:
         """JSON-ready: the fields known (the prior's fit also when None, once evaluated)."""
@@ -119,9 +131,11 @@ def make_methods(names: tuple[str, ...], config: BaselinesConfig, hir: list[Head
 
 
 def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int,
-                inductive_config: InductiveConfig = InductiveConfig()) -> tuple[list[HeadMethod], HIRStatus, list]:
-    """HIR's rows of `names` from window `key`'s published ranking head (and bom_index for the served row): the methods,
-    their status for the report and the partitions read. No row without the head; no served row without the index."""
+                inductive_config: InductiveConfig = InductiveConfig(), next_end_us: int | None = None,
+                config: WindowEvalConfig = WindowEvalConfig()) -> tuple[list[HeadMethod], HIRStatus, list]:
+    """HIR's rows of `names` from window `key`'s published ranking head (and bom_index for the served row, with the
+    increments of the days before `next_end_us` when `config.increments`): the methods, their status for the report and
+    the partitions read. No row without the head; no served row without the index."""
     from hir_model.rank.inductive import InductiveEncoder
     from hir_model.rank.recommender import Recommender, user_rows
     from hir_model.rank.state import read_head
@@ -154,7 +168,19 @@ def hir_methods(store, key: str, end_us: int, names: tuple[str, ...], depth: int
                        prior_calibration=None if state.calibration is None else state.calibration.as_dict(),
                        probe_factor=probe_factor, served=served)
     rec = Recommender(state, rows, has, retriever, inductive, probe_factor=probe_factor)
-    return [HeadMethod(rec, inductive, n, depth) for n in wanted], status, opened
+    arrivals, available = None, None
+    if retriever is not None and config.increments:
+        from hir_model.rank.increment import load_increments
+
+        incs = load_increments(store, key, end_us, next_end_us)
+        opened += [(INCREMENT_ASSET, inc.day) for inc in incs]
+        if incs:
+            arrivals = rec.with_increments(incs)
+            available = np.concatenate([inc.available_us(config.arrival_cadence, config.arrival_lag_s) for inc in incs])
+        status = replace(status, increments={"days": [inc.day for inc in incs], "items": int(sum(len(i) for i in incs)),
+                                             "cadence": config.arrival_cadence, "lag_s": config.arrival_lag_s})
+    return [HeadMethod(rec, inductive, n, depth, arrivals if n == "hir" else None, available if n == "hir" else None)
+            for n in wanted], status, opened
 
 
 def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowEvalConfig = WindowEvalConfig(),
@@ -170,7 +196,9 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
     end_us = to_us(window.end)
     opened: list[tuple[str, str]] = []
     depth = max(config.eval.recall_ks + config.eval.ndcg_ks)
-    hir, status, hir_opened = hir_methods(store, key, end_us, config.methods, depth, config.inductive)
+    nxt = spec.next(window)
+    hir, status, hir_opened = hir_methods(store, key, end_us, config.methods, depth, config.inductive,
+                                          to_us(nxt.end) if nxt is not None else None, config)
     opened += hir_opened
     if not hir and status.reason is not None and status.reason != "not requested":
         log.warning("window %s: HIR not evaluated: %s", key, status.reason)
@@ -213,6 +241,8 @@ def evaluate_published_window(store, spec: WindowSpec, key: str, config: WindowE
     return WindowOutcome(result, methods, status, warm_started_from, agreement, opened)
 
 
-def future_reads(opened: list[tuple[str, str]], key: str, next_key: str) -> list[tuple[str, str]]:
-    """Reads that break causality: any partition after t, except t+1 of the assets the protocol allows."""
-    return [(a, p) for a, p in opened if p > key and not (p == next_key and a in NEXT_WINDOW_ASSETS)]
+def future_reads(opened: list[tuple[str, str]], key: str, next_key: str, next_end_key: str | None = None) -> list[tuple[str, str]]:
+    """Reads that break causality: any partition after t, except t+1 of the assets the protocol allows and window t's
+    increments of the days of t+1 ([next_key, next_end_key): each reads nothing after its own day, a blocking check)."""
+    return [(a, p) for a, p in opened if p > key and not (p == next_key and a in NEXT_WINDOW_ASSETS)
+            and not (a == INCREMENT_ASSET and next_end_key is not None and next_key <= p < next_end_key)]

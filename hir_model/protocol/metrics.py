@@ -233,3 +233,52 @@ def ranking_metrics(scores: np.ndarray, targets: Ragged, exclude: Ragged | None 
     recall = {k: float(np.mean(per_user[f"recall@{k}"])) for k in recall_ks}
     ndcg = {k: float(np.mean(per_user[f"ndcg@{k}"])) for k in ndcg_ks}
     return RankingMetrics(int(len(rows)), int(n_t[rows].sum()), recall, ndcg, per_user, rows)
+
+
+def timed_ranking_metrics(scores: np.ndarray, answer: np.ndarray, targets: Ragged, exclude: Ragged | None = None,
+                          recall_ks: tuple[int, ...] = (10, 20, 50), ndcg_ks: tuple[int, ...] = (10, 20),
+                          tie_order: np.ndarray | None = None) -> RankingMetrics:
+    """Recall@K and NDCG@K with each target judged in the answer served at its own moment (an answer that changes as
+    items arrive): `scores` (A, C) holds one row per answer, `answer` (nnz,) the row that judges each target (aligned
+    with targets.idx); `targets` and `exclude` have one row per user.
+
+    A target takes its place among the user's other candidates of its answer (the user's other targets left out,
+    excluded columns ranked last, ties by `tie_order`); a target its answer does not hold (-inf, or excluded) is a miss.
+    The user's targets are then merged in that order, the j-th (from 0) at its place + j: with every target of a user
+    judged on one answer this is ranking_metrics' ranking exactly (for targets with a finite score), so a method whose
+    answers never change gets the usual values."""
+    scores = _rankable(scores)
+    n_cols = scores.shape[1]
+    if len(answer) != len(targets.idx):
+        raise ValueError(f"{len(answer)} answers for {len(targets.idx)} targets")
+    place = np.arange(n_cols) if tie_order is None else _places(tie_order)
+    kmax = max(recall_ks + ndcg_ks)
+    discount = 1.0 / np.log2(np.arange(2, kmax + 2))  # (kmax,)
+    ideal = np.cumsum(discount)
+    n_t = targets.sizes
+    rows = np.flatnonzero(n_t > 0)
+    per_user = {f"recall@{k}": np.zeros(len(rows)) for k in recall_ks} | {f"ndcg@{k}": np.zeros(len(rows)) for k in ndcg_ks}
+    for i, u in enumerate(rows):
+        cols, ans = targets.row(u), answer[targets.ptr[u]:targets.ptr[u + 1]]
+        others = np.ones(n_cols, bool)
+        others[cols] = False
+        excluded = exclude.row(u) if exclude is not None else np.zeros(0, np.int64)
+        others[excluded] = False
+        keys = []  # (place among the others, -score, tie place) per target
+        for c, a in zip(cols, ans):
+            s = scores[a]
+            if not np.isfinite(s[c]) or c in excluded:
+                continue  # not in the answer: a miss
+            ahead = others & ((s > s[c]) | ((s == s[c]) & (place < place[c])))
+            keys.append((1 + int(ahead.sum()), -float(s[c]), int(place[c])))
+        positions = np.array([k[0] + j for j, k in enumerate(sorted(keys))], np.int64)  # 1-based, merged
+        for k in recall_ks:
+            per_user[f"recall@{k}"][i] = (positions <= k).sum() / n_t[u]
+        for k in ndcg_ks:
+            hit = positions[positions <= k]
+            per_user[f"ndcg@{k}"][i] = (1.0 / np.log2(hit + 1)).sum() / ideal[min(k, n_t[u]) - 1]
+    if len(rows) == 0:
+        return RankingMetrics(0, 0, {k: float("nan") for k in recall_ks}, {k: float("nan") for k in ndcg_ks}, per_user, rows)
+    recall = {k: float(np.mean(per_user[f"recall@{k}"])) for k in recall_ks}
+    ndcg = {k: float(np.mean(per_user[f"ndcg@{k}"])) for k in ndcg_ks}
+    return RankingMetrics(int(len(rows)), int(n_t[rows].sum()), recall, ndcg, per_user, rows)

@@ -106,6 +106,8 @@ class Queries:
     context: Ragged  # (Q rows) ItemSpace rows of the context events, in time order (may repeat an item)
     context_ts: np.ndarray  # (nnz,) int64 µs, aligned with context.idx
     context_deep: np.ndarray  # (nnz,) bool, aligned with context.idx
+    as_of: np.ndarray | None = None  # (Q,) int64 µs: the moment each query is answered at (what a served method had
+    # published by then is what it may serve); None: at end(t). Every method but HIR's served row ignores it
 
     def __len__(self) -> int:
         return len(self.user_ids)
@@ -113,7 +115,11 @@ class Queries:
     def take(self, rows: np.ndarray) -> Queries:
         ptr, pos = self.context.gather(rows)
         return Queries(self.user_ids[rows], self.user_index[rows], Ragged(ptr, self.context.idx[pos]),
-                       self.context_ts[pos], self.context_deep[pos])
+                       self.context_ts[pos], self.context_deep[pos], None if self.as_of is None else self.as_of[rows])
+
+    def at(self, as_of: np.ndarray) -> Queries:
+        """The same queries answered at the moments `as_of` (Q,) int64 µs."""
+        return replace(self, as_of=np.asarray(as_of, np.int64))
 
 
 @dataclass(frozen=True)
@@ -122,9 +128,16 @@ class UserGroup:
     queries: Queries
     deep_funnel: Ragged  # per query: target items with a deep-funnel event (never a context item)
     engagement: Ragged  # per query: target items engaged with (never a context item)
+    deep_funnel_ts: np.ndarray | None = None  # (nnz,) int64 µs aligned with deep_funnel.idx: the user's first t+1
+    # engagement with the item (the answer that led to it was served before it)
+    engagement_ts: np.ndarray | None = None  # the same, aligned with engagement.idx
 
     def targets(self, kind: str) -> Ragged:
         return getattr(self, kind)
+
+    def target_times(self, kind: str) -> np.ndarray | None:
+        """(nnz,) int64 µs when the user first engaged with each target of `kind` in t+1 (None: not recorded)."""
+        return getattr(self, f"{kind}_ts")
 
 
 @dataclass(frozen=True)
@@ -231,13 +244,21 @@ def build_train(history: pa.Table, known: pa.Table, window: Window,
     return _interactions(history, items, window, config), items
 
 
-def _targets(frame: pd.DataFrame, query_of: pd.Series, n_queries: int) -> tuple[Ragged, Ragged]:
-    """Distinct (query, item) target pairs, all engagements and deep-funnel ones."""
-    pairs = frame.groupby(["user_id", "item"], sort=True).deep.any().reset_index()
+def _targets(frame: pd.DataFrame, query_of: pd.Series, n_queries: int
+             ) -> tuple[Ragged, Ragged, np.ndarray | None, np.ndarray | None]:
+    """Distinct (query, item) target pairs, deep-funnel ones and all engagements, and each pair's first engagement time
+    aligned with each Ragged's idx (None without a `ts` column)."""
+    timed = "ts" in frame.columns
+    pairs = frame.groupby(["user_id", "item"], sort=True).agg(deep=("deep", "any"), **({"ts": ("ts", "min")} if timed else {}))
+    pairs = pairs.reset_index()
     q = query_of.reindex(pairs.user_id).to_numpy()
-    engaged = Ragged.from_pairs(q, pairs.item.to_numpy(), n_queries)
-    deep = pairs.deep.to_numpy(bool)
-    return Ragged.from_pairs(q[deep], pairs.item.to_numpy()[deep], n_queries), engaged
+    items, deep = pairs.item.to_numpy(), pairs.deep.to_numpy(bool)
+    engaged, deep_pairs = Ragged.from_pairs(q, items, n_queries), Ragged.from_pairs(q[deep], items[deep], n_queries)
+    if not timed:
+        return deep_pairs, engaged, None, None
+    ts = pairs.ts.to_numpy(np.int64)
+    return (deep_pairs, engaged, ts[deep][np.argsort(q[deep], kind="stable")],  # from_pairs' own order: stable by query
+            ts[np.argsort(q, kind="stable")])
 
 
 def warm_queries(train: Interactions, rows: np.ndarray) -> Queries:
@@ -257,8 +278,8 @@ def warm_group(train: Interactions, n: pd.DataFrame) -> UserGroup:
     n = n[~repeat]  # items engaged with up to t are neither targets nor rankable
     users = np.sort(n.user_id.unique()).astype(object)
     queries = warm_queries(train, pd.Index(train.user_ids).get_indexer(users))
-    deep, engaged = _targets(n, pd.Series(np.arange(len(users)), index=users), len(users))
-    return UserGroup("warm", queries, deep, engaged)
+    deep, engaged, deep_ts, engaged_ts = _targets(n, pd.Series(np.arange(len(users)), index=users), len(users))
+    return UserGroup("warm", queries, deep, engaged, deep_ts, engaged_ts)
 
 
 def _cold_group(n: pd.DataFrame, min_items: int) -> tuple[UserGroup, int]:
@@ -281,5 +302,5 @@ def _cold_group(n: pd.DataFrame, min_items: int) -> tuple[UserGroup, int]:
     context = Ragged.from_pairs(ctx.q.to_numpy(), ctx.item.to_numpy(), len(users))
     queries = Queries(users, np.full(len(users), -1, np.int64), context, ctx.ts.to_numpy(np.int64), ctx.deep.to_numpy(bool))
     tgt = n.merge(first[~is_ctx][["user_id", "item"]], on=["user_id", "item"])
-    deep, engaged = _targets(tgt, query_of, len(users))
-    return UserGroup("cold", queries, deep, engaged), too_few
+    deep, engaged, deep_ts, engaged_ts = _targets(tgt, query_of, len(users))
+    return UserGroup("cold", queries, deep, engaged, deep_ts, engaged_ts), too_few

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hir_model.protocol.metrics import Ragged, ranking_metrics, top_k
+from hir_model.protocol.metrics import Ragged, ranking_metrics, timed_ranking_metrics, top_k
 
 L3, L5 = math.log2(3), math.log2(5)
 
@@ -123,3 +123,33 @@ def test_top_k_fast_path_matches_the_dense_tie_order_ranking(kind):
     for k in (1, 20, 50, 137):
         assert _best(s.copy(), k, order).tolist() == _best_in_tie_order(s.copy(), k, order).tolist()
         assert _best(s.copy(), k, None).tolist() == _best_in_tie_order(s.copy(), k, None).tolist()
+
+
+def test_timed_metrics_with_one_answer_per_user_are_the_usual_metrics():
+    """Every target judged on its user's one answer: the usual Recall and NDCG, ties, exclusions and all."""
+    rng = np.random.default_rng(3)
+    scores = np.round(rng.normal(size=(40, 30)), 1)  # rounded: many ties, broken by the tie order
+    targets = Ragged.from_lists([sorted(rng.choice(30, size=rng.integers(0, 6), replace=False).tolist()) for _ in range(40)])
+    exclude = Ragged.from_lists([sorted(set(rng.choice(30, size=3).tolist()) - set(targets.row(u).tolist())) for u in range(40)])
+    order = rng.permutation(30)
+    usual = ranking_metrics(scores, targets, exclude, (1, 5, 10), (5, 10), order)
+    timed = timed_ranking_metrics(scores, targets.row_of, targets, exclude, (1, 5, 10), (5, 10), order)
+    assert (timed.n_users, timed.n_targets) == (usual.n_users, usual.n_targets) and timed.n_users > 30
+    np.testing.assert_array_equal(timed.rows, usual.rows)
+    for name in usual.per_user:
+        np.testing.assert_allclose(timed.per_user[name], usual.per_user[name], err_msg=name)
+
+
+def test_each_target_is_judged_in_the_answer_of_its_moment():
+    """Two answers of one user: the first, before item 3 arrived, cannot hold it (-inf); the second can. Item 1 is
+    judged on the first answer (rank 2 among the others), item 3 on the second (rank 1 there)."""
+    early = np.array([[0.9, 0.5, 0.8, -np.inf]])  # item 3 not published yet
+    late = np.array([[0.9, 0.5, 0.8, 1.0]])
+    targets = Ragged.from_lists([[1, 3]])
+    m = timed_ranking_metrics(np.vstack([early, late]), np.array([0, 1]), targets, recall_ks=(1, 2, 3), ndcg_ks=(3,))
+    # places among the others (0, 2): item 3 first (nothing above it), item 1 third; merged: 3 at 1, 1 at 3 + 1 = 4
+    assert m.recall == pytest.approx({1: 0.5, 2: 0.5, 3: 0.5})
+    assert m.ndcg[3] == pytest.approx(1 / (1 + 1 / L3))
+    # item 3 judged on the early answer instead: not in it, a miss however few items compete
+    m = timed_ranking_metrics(np.vstack([early, late]), np.array([1, 0]), targets, recall_ks=(4,), ndcg_ks=(4,))
+    assert m.recall[4] == pytest.approx(0.5)
