@@ -16,7 +16,8 @@ warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 from dagster_aws.s3 import S3Resource
 
 from dagster_project.instance import claim
-from dagster_project.jobs import adapter_job, build_evaluation_job, build_window_job, report_job
+from dagster_project.arrival_sensor import build_arrival_sensor
+from dagster_project.jobs import adapter_job, build_evaluation_job, build_increment_job, build_window_job, report_job
 from dagster_project.notify import AlertLogNotifier, Notifier, WebhookNotifier
 from dagster_project.schedules import build_window_schedule
 from dagster_project.sensors import build_alert_sensor
@@ -27,6 +28,7 @@ from hir_assets.evaluation import build_evaluation_assets
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
 from hir_assets.hierarchy import build_hierarchy_assets
+from hir_assets.increments import build_increment_assets, increment_partitions
 from hir_assets.index import build_index_assets
 from hir_assets.partitions import window_partitions
 from hir_assets.report import build_report_assets, report_settings
@@ -50,15 +52,17 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
     assets = (build_ingest_assets(partitions) + build_enrichment_assets(partitions) + build_graph_assets(partitions)
               + build_training_assets(partitions, dict(config.train)) + build_hierarchy_assets(partitions, dict(config.embed))
               + build_index_assets(partitions) + build_evaluation_assets(partitions) + build_adapter_assets(partitions)
-              + build_report_assets(partitions, report_settings(config)))
+              + build_report_assets(partitions, report_settings(config)) + build_increment_assets(spec))
     assets = dg.map_asset_specs(lambda spec: owned(spec, config.source), assets)
     asset_keys = {key.to_user_string() for a in assets for key in a.keys}
     window_job = build_window_job(partitions)
+    days = increment_partitions(spec)
+    increment_job = build_increment_job(days)
     return dg.Definitions(
         assets=assets,
-        jobs=[window_job, build_evaluation_job(partitions), adapter_job(), report_job()],
+        jobs=[window_job, build_evaluation_job(partitions), adapter_job(), report_job(), increment_job],
         schedules=[build_window_schedule(window_job)],
-        sensors=[build_alert_sensor(asset_keys)],
+        sensors=[build_alert_sensor(asset_keys), build_arrival_sensor(increment_job, spec, days)],
         resources={
             "storage": storage(config),
             "source": SourceResource.from_config(config),

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dagster_project.definitions import defs
-from dagster_project.jobs import ADAPTER_JOB, EVALUATION_JOB, REPORT_JOB, WINDOW_JOB
+from dagster_project.jobs import ADAPTER_JOB, EVALUATION_JOB, INCREMENT_JOB, REPORT_JOB, WINDOW_JOB
 from hir_assets.report import REPORT_ASSET
 from hir_model.eval.pages import print_last_window
 from hir_model.adapter.fit import OBJECTIVES
@@ -24,6 +24,7 @@ from data_contracts import CONVERSION_EVENT
 from hir_model.config import load_config
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import KEY_FORMAT, utc
+from hir_model.rank.increment import day_of
 from hir_model.storage import PartitionStore
 from hir_model.train.checkpoint import ENCODER_ASSET
 
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", help="comma-separated window keys (default: all)")
     parser.add_argument("--skip-evaluation", action="store_true", help="do not evaluate windows on their successors")
     parser.add_argument("--skip-adapters", action="store_true", help="do not train the objective adapters")
+    parser.add_argument("--skip-increments", action="store_true",
+                        help="do not publish the daily increments (the items that arrive after each window's end)")
     parser.add_argument("--resume", action="store_true",
                         help="skip the windows, evaluations and adapters that an earlier demo on the same storage already "
                              "ran to success (a long run stopped midway goes on where it stopped)")
@@ -104,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
 
     evaluation = defs.resolve_job_def(EVALUATION_JOB)
     adapters = defs.resolve_job_def(ADAPTER_JOB)
+    increments = defs.resolve_job_def(INCREMENT_JOB)
+    days = increments.partitions_def.get_partition_keys()
     done: dict[str, set[str]] = {name: succeeded(instance, name, run_tag) if args.resume else set()
-                                 for name in (WINDOW_JOB, EVALUATION_JOB, ADAPTER_JOB)}
+                                 for name in (WINDOW_JOB, EVALUATION_JOB, ADAPTER_JOB, INCREMENT_JOB)}
     if args.resume:
         print(f"resuming: {len(done[WINDOW_JOB] & set(keys))} of {len(keys)} windows already materialised", flush=True)
     for i, key in enumerate(keys, 1):
@@ -115,6 +120,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         else:
             print(f"[{i}/{len(keys)}] {key} materialised ({time.time() - t0:.0f}s)", flush=True)
+        # the days after window t, placed in its space (what hir serve adds to it, and what evaluating t serves)
+        tw = job.partitions_def.time_window_for_partition_key(key)
+        start, end = utc(tw.start), utc(tw.end)
+        after = [d for d in days if end <= day_of(d).start < end + (end - start)]
+        if not args.skip_increments and after:
+            for day in after:
+                if day not in done[INCREMENT_JOB] and not run(increments, day, f"increment of {day}"):
+                    return 1
+            print(f"    increments {after[0]}..{after[-1]} published ({time.time() - t0:.0f}s)", flush=True)
         # window t is judged on t+1's events: evaluate the previous window now
         if i > 1 and not args.skip_evaluation and keys[i - 2] not in done[EVALUATION_JOB]:
             if not run(evaluation, keys[i - 2], f"evaluation of window {keys[i - 2]}"):

@@ -10,14 +10,16 @@ from hir_assets.publication import STEP_RETRY
 from hir_assets.report import REPORT_ASSET
 from hir_model.adapter.objective_adapter import ADAPTER_ASSET
 from hir_model.eval.publish import EVALUATION_ASSET
+from hir_model.rank.increment import INCREMENT_ASSET
 
 WINDOW_JOB, EVALUATION_JOB = "hir_window", "window_evaluation_job"
 ADAPTER_JOB, REPORT_JOB = "objective_adapters", "evaluation_report_job"
+INCREMENT_JOB = "catalog_increment_job"
 
 # Not in the window job: window_evaluation (window t is judged on t+1's events, which arrive with the next run),
-# objective_adapter (partitioned by window x objective) and evaluation_report (one page over all windows, not
-# partitioned); each has a job of its own.
-SEPARATE_ASSETS = (EVALUATION_ASSET, ADAPTER_ASSET, REPORT_ASSET)
+# objective_adapter (partitioned by window x objective), evaluation_report (one page over all windows, not
+# partitioned) and catalog_increment (partitioned by day); each has a job of its own.
+SEPARATE_ASSETS = (EVALUATION_ASSET, ADAPTER_ASSET, REPORT_ASSET, INCREMENT_ASSET)
 
 
 def build_window_job(partitions: dg.PartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:
@@ -33,6 +35,13 @@ def build_evaluation_job(partitions: dg.TimeWindowPartitionsDefinition) -> dg.Un
     cannot evaluate t, since t+1's events come later)."""
     return dg.define_asset_job(EVALUATION_JOB, selection=[EVALUATION_ASSET], partitions_def=judged_partitions(partitions),
                                description="evaluate window t on window t+1's events (after t+1 is ingested)")
+
+
+def build_increment_job(days: dg.PartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:
+    """catalog_increment alone, one day per run: what the arrival sensor launches (and a backfill of days)."""
+    return dg.define_asset_job(INCREMENT_JOB, selection=[INCREMENT_ASSET], partitions_def=days,
+                               description="One day's new items placed in the last closed window's space and published "
+                                           "as an increment that hir serve appends without a restart.")
 
 
 def adapter_job() -> dg.UnresolvedAssetJobDefinition:

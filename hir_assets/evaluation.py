@@ -30,6 +30,7 @@ from hir_model.eval.report import lift_table, markdown_table, plot_cold_vs_warm,
 from hir_model.eval.window_evaluation import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
 from hir_model.graph.window import GRAPH_ASSET
 from hir_model.hierarchy.build import HIERARCHY_ASSET
+from hir_model.rank.increment import INCREMENT_ASSET
 from hir_model.rank.state import HEAD_ASSET
 from hir_model.retrieval.index import BOM_ASSET
 from hir_model.train.checkpoint import ENCODER_ASSET
@@ -39,6 +40,7 @@ CAUSAL_READS_CHECK = "reads_only_t_and_next_events"
 HIR_EVALUATED_CHECK = "hir_evaluated"
 THIS_AND_NEXT = dg.TimeWindowPartitionMapping(start_offset=0, end_offset=1, allow_nonexistent_upstream_partitions=True)
 PREVIOUS = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+NEXT_DAYS = dg.TimeWindowPartitionMapping(start_offset=1, end_offset=1, allow_nonexistent_upstream_partitions=True)  # t+1's days
 USER_SLICES = (("warm", "known"), ("cold", "known"))  # the per-window plot in the metadata: warm and cold users
 DESCRIPTION = ("Window t's artefacts on window t+1's events: HIR as served (BoM + ranking head), the head over every item "
                "and the published embeddings alone, beside the baselines; warm and cold users apart; skipped until t+1's "
@@ -49,6 +51,9 @@ class WindowEvaluationRun(Overrides):
     """Overrides of WindowEvalConfig (hir_model.eval.window_evaluation)."""
 
     warm_start: Optional[bool] = None  # LightGCN and ALS start from the latest earlier window's saved state
+    increments: Optional[bool] = None  # the served row answers new items from window t's published increments
+    arrival_cadence: Optional[str] = None  # when an increment's item became servable: "arrival" or "day_end"
+    arrival_lag_s: Optional[float] = None  # seconds from a catalogue file landing to the item served
 
     def eval_config(self, base: WindowEvalConfig = WindowEvalConfig()) -> WindowEvalConfig:
         return self.apply(base)
@@ -104,10 +109,11 @@ def metadata(outcome: WindowOutcome, history: list, store, key: str, rows: int) 
     return meta
 
 
-def check_results(outcome: WindowOutcome, key: str) -> list[dg.AssetCheckResult]:
-    """The leak guard (what was opened after window t) and whether HIR made it into the table."""
+def check_results(outcome: WindowOutcome, key: str, next_end: str | None = None) -> list[dg.AssetCheckResult]:
+    """The leak guard (what was opened after window t; `next_end`: the key of the window after t+1, up to which t's
+    increments may be read) and whether HIR made it into the table."""
     ev, hir = outcome.evaluation, outcome.hir
-    leaks = future_reads(outcome.opened, key, ev.next_window)
+    leaks = future_reads(outcome.opened, key, ev.next_window, next_end)
     return [
         dg.AssetCheckResult(check_name=CAUSAL_READS_CHECK, passed=not leaks,
                             description=f"{len(outcome.opened)} partitions read; after {key}: "
@@ -139,7 +145,8 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
         EVALUATION_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, description=DESCRIPTION,
         deps=[dg.AssetDep(EVENTS_ASSET, partition_mapping=THIS_AND_NEXT), dg.AssetDep(CATALOG_ASSET, partition_mapping=THIS_AND_NEXT),
               dg.AssetDep(CONTENT_ASSET, partition_mapping=THIS_AND_NEXT), ENCODER_ASSET, EMBEDDINGS_ASSET, GRAPH_ASSET,
-              HIERARCHY_ASSET, HEAD_ASSET, BOM_ASSET, dg.AssetDep(EVALUATION_ASSET, partition_mapping=PREVIOUS)])
+              HIERARCHY_ASSET, HEAD_ASSET, BOM_ASSET, dg.AssetDep(EVALUATION_ASSET, partition_mapping=PREVIOUS),
+              dg.AssetDep(INCREMENT_ASSET, partition_mapping=NEXT_DAYS)])
     checks = partitioned([
         dg.AssetCheckSpec(CAUSAL_READS_CHECK, asset=EVALUATION_ASSET, blocking=True,
                           description="leak guard: nothing after window t was opened but window t+1's events, catalogue "
@@ -164,7 +171,8 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
         ev = outcome.evaluation
         with store.writing() as staging:  # a window that read the future is never published
             table = write_evaluation(staging, window.key, ev, outcome.extras, outcome.methods)
-            checks = audit(context, check_results(outcome, window.key))
+            next_end = spec_at_load.window(ev.next_window).end.strftime("%Y-%m-%d")
+            checks = audit(context, check_results(outcome, window.key, next_end))
         earlier = [k for k in store.partitions(EVALUATION_ASSET) if k <= window.key]
         history = collect(store, earlier)
         context.log.info(f"evaluated {window.key} on {ev.next_window}: {ev.counts.warm_users} warm, {ev.counts.cold_users} cold users; "

@@ -126,6 +126,10 @@ class MovieLensSource(Source):
             self._tables = cached(("movielens", str(self.root.resolve())), [self.root / name for name in FILES], self._load)
         return self._tables
 
+    def catalog_inputs(self) -> list[Path]:
+        """The RecBole files every catalogue row is derived from (a movie is first seen at its first rating)."""
+        return [self.root / name for name in FILES if (self.root / name).is_file()]
+
     def span(self) -> tuple[datetime, datetime]:
         ts = self.tables.event_ts
         return EPOCH + timedelta(microseconds=int(ts[0])), EPOCH + timedelta(microseconds=int(ts[-1]))

@@ -149,6 +149,20 @@ class ParquetSource(Source):
     def catalog(self, end: datetime) -> Iterator[Batch]:
         yield from self._snapshot("catalog", end)
 
+    def catalog_inputs(self) -> list[Path]:
+        """Every visible file under catalog/: a new one is an arrival (land it whole: write it under a hidden name such as
+        `_part.parquet`, then rename it)."""
+        folder = self.path / "catalog"
+        return _files(folder) if folder.is_dir() else []
+
+    def first_seen_in(self, path: Path) -> pa.Array | None:
+        """The file's first_seen_ts as ingestion reads them (contract.toml's units and time zone), nulls dropped."""
+        contract = CATALOG.with_options(self.contract_options("catalog"))
+        table = read_parquet(Path(path))
+        if "first_seen_ts" not in table.column_names:
+            return None
+        return pc.drop_null(contract.timestamps(table, "first_seen_ts", str(path))).combine_chunks()
+
     def relations(self, end: datetime) -> Iterator[Batch]:
         if (self.path / "relations").is_dir():
             yield from self._snapshot("relations", end)

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -52,3 +53,13 @@ class Source(ABC):
 
     def prepare(self) -> None:
         """Fetch or generate whatever the source needs on disk (idempotent). Default: nothing."""
+
+    def catalog_inputs(self) -> list[Path]:
+        """The files the catalogue is read from, so a watcher sees one land or change (the arrival sensor). Default: none
+        (a catalogue generated from settings changes with time alone)."""
+        return []
+
+    def first_seen_in(self, path: Path) -> pa.Array | None:
+        """The first_seen_ts of the catalogue rows in one of `catalog_inputs()` (UTC timestamps), so a watcher knows which
+        days a landed file touches; None: the file does not say (every day may be touched)."""
+        return None
