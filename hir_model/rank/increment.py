@@ -72,7 +72,8 @@ class Increment:
         return len(self.item_ids)
 
     def available_us(self, cadence: str = "arrival", lag_s: float = ARRIVAL_LAG_S) -> np.ndarray:
-        """(m,) int64 when each item is servable: `lag_s` after its first_seen_ts (`arrival`) or its day's end (`day_end`)."""
+        """(m,) int64 when each item is servable: `lag_s` after its first_seen_ts (`arrival`) or its day's end
+        (`day_end`)."""
         if cadence not in CADENCES:
             raise ValueError(f"cadence must be one of {CADENCES}, got {cadence!r}")
         base = self.first_seen_us if cadence == "arrival" else np.full(len(self), self.end_us, np.int64)
@@ -150,11 +151,40 @@ def arrivals(catalog: pa.Table, day: Window, item_types: tuple[str, ...] = ITEM_
     return catalog.filter(keep).sort_by([("first_seen_ts", "ascending"), ("entity_id", "ascending")])
 
 
-def embed_arrivals(rows: pa.Table, content_config, clip_checkpoint: Path | None):
-    """hir_model.content.ContentBuild of the rows with window t's encoders (the text model, catalog_clip(t)'s checkpoint)."""
-    from hir_model.content import embed_catalog, load_encoders
+@dataclass
+class Placer:
+    """What places one window's arrivals: its content encoders (the text model, catalog_clip(t)), its frozen encoder with
+    the content map, and bom_index(t)'s codebooks."""
 
-    return embed_catalog(rows, load_encoders(content_config, clip_checkpoint))
+    encoders: object  # hir_model.content.Encoders
+    inductive: object  # hir_model.rank.inductive.InductiveEncoder
+    codebooks: list  # hir_model.retrieval.index.Codebook, finest level first
+
+
+def window_placer(store, window: Window, content_config, inductive_config=None) -> Placer:
+    """Window `window`'s Placer, loaded once per process while its files are unchanged (the days of one window, run one
+    after another in a process, share it: the demo; a daemon-launched run loads it once)."""
+    from hir_model.content import CLIP_ASSET, CLIP_CHECKPOINT_FILE, CONTENT_ASSET, load_encoders
+    from hir_model.files_cache import cached
+    from hir_model.rank.artefacts import load_artefacts
+    from hir_model.rank.inductive import InductiveConfig, InductiveEncoder
+    from hir_model.retrieval.index import BOM_ASSET, CODEBOOK_FILE, read_codebooks
+    from hir_model.train.checkpoint import ENCODER_ASSET
+
+    config = inductive_config or InductiveConfig()
+    clip = None
+    if store.exists(CLIP_ASSET, window.key) and (store.partition_dir(CLIP_ASSET, window.key) / CLIP_CHECKPOINT_FILE).is_file():
+        clip = store.partition_dir(CLIP_ASSET, window.key) / CLIP_CHECKPOINT_FILE
+
+    def load() -> Placer:
+        inductive = InductiveEncoder(load_artefacts(store, window.key, to_us(window.end)), config)
+        inductive.content_map  # noqa: B018 - fitted once here, not per day
+        codebooks = read_codebooks(pq.read_table(store.partition_dir(BOM_ASSET, window.key) / f"{CODEBOOK_FILE}.parquet"))
+        return Placer(load_encoders(content_config, clip), inductive, codebooks)
+
+    files = [f for asset in (ENCODER_ASSET, "entity_embeddings", CONTENT_ASSET, BOM_ASSET, CLIP_ASSET)
+             if store.exists(asset, window.key) for f in store.files(asset, window.key) if f.is_file()]
+    return cached(("increment", str(store.uri(BOM_ASSET, window.key)), repr(content_config), repr(config)), files, load)
 
 
 def assign_tokens(codebooks, ids: np.ndarray, vectors: np.ndarray, config: AssignConfig = AssignConfig()) -> pa.Table:
@@ -174,12 +204,11 @@ def assign_tokens(codebooks, ids: np.ndarray, vectors: np.ndarray, config: Assig
 def build_increment(store, source, window: Window, day: Window, content_config, inductive_config=None) -> IncrementBuild:
     """Day `day`'s increment of window `window` (module docstring): the day's arrivals, embedded, placed and tokenised.
     FileNotFoundError naming what of window t is missing."""
-    from hir_model.content import CLIP_ASSET, CLIP_CHECKPOINT_FILE
+    from hir_model.content import embed_catalog, to_matrix
     from hir_model.protocol.split import ItemSpace
-    from hir_model.rank.artefacts import load_artefacts, missing_artefacts
-    from hir_model.rank.inductive import InductiveConfig, InductiveEncoder
-    from hir_model.rank.state import HEAD_ASSET, read_head
-    from hir_model.retrieval.index import BOM_ASSET, CODEBOOK_FILE, read_codebooks
+    from hir_model.rank.artefacts import missing_artefacts
+    from hir_model.rank.state import HEAD_ASSET, ITEMS_FILE as HEAD_ITEMS
+    from hir_model.retrieval.index import BOM_ASSET
 
     t0 = time.perf_counter()
     if day.start < window.end:
@@ -194,8 +223,10 @@ def build_increment(store, source, window: Window, day: Window, content_config, 
         raise FileNotFoundError(f"the increment of {day.key} needs window {window.key}'s artefacts: {missing}")
     catalog, rejected = day_catalog(source, day)
     rows = arrivals(catalog, day)
-    head = read_head(store.partition_dir(HEAD_ASSET, window.key))
-    known, width = head.item_ids, head.vectors.shape[1]  # sorted ids
+    head = pq.read_table(store.partition_dir(HEAD_ASSET, window.key) / f"{HEAD_ITEMS}.parquet",
+                         columns=["entity_id", "embedding"])
+    known = np.asarray(head["entity_id"].to_pylist(), object)  # the ranking head's items, sorted
+    width = len(head["embedding"][0]) if head.num_rows else 0
     ids = np.asarray(rows["entity_id"].to_pylist(), object)
     pos = np.minimum(np.searchsorted(known, ids), max(len(known) - 1, 0))
     seen = (known[pos] == ids) if len(known) else np.zeros(len(ids), bool)
@@ -207,22 +238,19 @@ def build_increment(store, source, window: Window, day: Window, content_config, 
                           np.zeros((0, width), np.float32), None, np.zeros(0, bool), TOKENS_SCHEMA.empty_table())
         return IncrementBuild(empty, catalog.num_rows, rejected, len(seen), known, width, list(known[pos][seen]),
                               time.perf_counter() - t0)
-    clip = store.partition_dir(CLIP_ASSET, window.key) / CLIP_CHECKPOINT_FILE if store.exists(CLIP_ASSET, window.key) else None
-    content = embed_arrivals(rows, content_config, clip if clip is not None and clip.is_file() else None)
-    from hir_model.content import to_matrix
-
+    placer = window_placer(store, window, content_config, inductive_config)
+    content = embed_catalog(rows, placer.encoders)
     matrix, has = to_matrix(content.table["embedding"])  # (m, C) NaN rows where no content
     matrix = np.nan_to_num(matrix)
-    inductive = InductiveEncoder(load_artefacts(store, window.key, to_us(window.end)), inductive_config or InductiveConfig())
     space = ItemSpace(ids, 0, np.full(m, -1, np.int64), np.zeros(0, object), matrix, has)
-    vectors = inductive.item_vectors(space)  # (m, W): the content map where content is, the single token elsewhere
-    mapped = inductive.config.new_items == "content_map" and inductive.content_map is not None and \
-        matrix.shape[1] == inductive.content_dim
+    vectors = placer.inductive.item_vectors(space)  # (m, W): the content map where content is, the single token elsewhere
+    mapped = placer.inductive.config.new_items == "content_map" and placer.inductive.content_map is not None and \
+        matrix.shape[1] == placer.inductive.content_dim
     single = int(m - (has.sum() if mapped else 0))
-    codebooks = read_codebooks(pq.read_table(store.partition_dir(BOM_ASSET, window.key) / f"{CODEBOOK_FILE}.parquet"))
     increment = Increment(day.key, window.key, to_us(day.start), to_us(day.end), ids,
                           np.asarray(rows["entity_type"].to_pylist(), object), first_seen, vectors.astype(np.float32),
-                          matrix.astype(np.float32), has, assign_tokens(codebooks, ids, vectors), content.version, single)
+                          matrix.astype(np.float32), has, assign_tokens(placer.codebooks, ids, vectors), content.version,
+                          single)
     return IncrementBuild(increment, catalog.num_rows, rejected, len(seen), known, width, list(known[pos][seen]),
                           time.perf_counter() - t0)
 
@@ -280,7 +308,8 @@ def read_increment(folder: Path) -> Increment:
     content, has = _matrix(items["content"], n)
     width = int(meta.get("width", 0))
     return Increment(meta["day"], meta["window"], int(meta["start_us"]), int(meta["end_us"]),
-                     np.asarray(items["entity_id"].to_pylist(), object), np.asarray(items["entity_type"].to_pylist(), object),
+                     np.asarray(items["entity_id"].to_pylist(), object),
+                     np.asarray(items["entity_type"].to_pylist(), object),
                      items["first_seen_ts"].cast(pa.int64()).to_numpy(),
                      vectors if vectors is not None else np.zeros((0, width), np.float32),
                      content, has, pq.read_table(folder / f"{TOKENS_FILE}.parquet"), meta.get("content_version", ""),
@@ -294,7 +323,8 @@ def increment_days(store, end_us: int, until_us: int | None = None) -> list[str]
     """Published increment partitions whose day starts in [end(t), until) (None: end(t) + MAX_WINDOW_DAYS days): the
     candidates of window t."""
     first = datetime.fromtimestamp(end_us / US, timezone.utc)
-    last = first + timedelta(days=MAX_WINDOW_DAYS) if until_us is None else datetime.fromtimestamp(until_us / US, timezone.utc)
+    last = (first + timedelta(days=MAX_WINDOW_DAYS) if until_us is None
+            else datetime.fromtimestamp(until_us / US, timezone.utc))
     return [d for d in store.partitions(INCREMENT_ASSET) if first.strftime(KEY_FORMAT) <= d < last.strftime(KEY_FORMAT)]
 
 
@@ -345,7 +375,8 @@ def increment_checks(inc: Increment, window_items: np.ndarray, width: int,
          f"{len(bad)} not finite or not unit norm" + (f": {sample(bad)}" if len(bad) else ""),
          {"items": n, "bad_vectors": int(len(bad)) if shape_ok else n}),
         (NEW_IDS_CHECK, not len(in_window) and not repeated and not elsewhere,
-         f"ids window {inc.window} already ranks: {len(in_window)} {list(map(str, in_window[:5]))}; repeated: {repeated[:5]}; "
+         f"ids window {inc.window} already ranks: {len(in_window)} {list(map(str, in_window[:5]))}; "
+         f"repeated: {repeated[:5]}; "
          f"in another day's increment: {elsewhere[:5]}",
          {"known_to_window": int(len(in_window)), "repeated": len(repeated), "in_other_increments": len(elsewhere)}),
         (WITHIN_DAY_CHECK, not len(outside),
