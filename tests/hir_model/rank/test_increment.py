@@ -206,3 +206,19 @@ def test_hir_serve_appends_a_published_increment_and_health_names_it(full_store,
     assert switcher.poll()
     assert list(switcher.served.rec.item_ids[switcher.served.rec.n_window:]) == ["p6", "p8"]
     assert switcher.health()["increments"] == [{"day": DAY.key, "items": 2, "digest": more.digest}]
+
+
+def test_hir_retrieve_and_the_http_query_take_a_scope(built, monkeypatch, capsys):
+    from hir_model.cli import main
+    from hir_model.rank.serve import BadRequest, query_from_json, query_from_params
+
+    store, build = built
+    monkeypatch.setenv("HIR_STORAGE_URI", str(store.root))
+    assert main(["retrieve", "--window", KEYS[0], "--user", "u1", "--scope", "new", "--k", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"+ increments {DAY.key}..{DAY.key} (1 items)" in out and "new items only" in out and " p6 " in out
+    assert main(["retrieve", "--window", KEYS[0], "--entity", "p6", "--k", "3"]) == 0  # an arrival's neighbours
+    assert "similar to p6" in capsys.readouterr().out
+    assert query_from_params({"user": "u1", "scope": "new"}).scope == "new" and query_from_json({"user": "u1"}).scope == "all"
+    with pytest.raises(BadRequest, match="scope must be one of"):
+        query_from_params({"user": "u1", "scope": "fresh"})
