@@ -10,9 +10,11 @@ ranking_head.py build_head_state from window t's published tables (what the `ran
 artefacts.py    what HIR publishes for window t (embeddings, checkpoint, graph, content), loaded from the store
 inductive.py    the frozen encoder on what it never embedded: cold users from a context, items without a row
 cold_tokens.py  a cold user's token arrays while inductive.py assembles its sequence
-recommender.py  Recommender: BoM candidates -> head scores -> engaged items removed (hir retrieve, hir serve, evaluation)
+increment.py    a day's arrivals after end(t) placed in window t's space (what the `catalog_increment` asset computes)
+recommender.py  Recommender: BoM candidates -> head scores -> engaged items removed (hir retrieve, hir serve, evaluation);
+                with_increments appends the arrivals
 context.py      a served user's context from the command line or a file
 tune.py         served top-k vs the head's exact top-k, and the candidate budget that reaches a target
 bom_index.py    the window's BoM index over the head's items with that budget (what the `bom_index` asset computes)
-serve.py        `hir serve`: the Recommender over HTTP, switching to a newer window when it lands
+serve.py        `hir serve`: the Recommender over HTTP, switching to a newer window when it lands, appending increments
 """
