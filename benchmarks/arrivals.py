@@ -3,8 +3,9 @@ r"""From a catalogue file landing to its items being served: the arrival path ti
 A window W is materialised (the demo's synthetic store, or with --quick a small synthetic world materialised here by
 the real window job); its world is exported as a bring-your-own folder (catalog/ holding every entity first seen by
 end(W), events/W/), the days after W are published as they stood before any arrival, and then, with a real
-`dagster-daemon` running the definitions (the arrival sensor ticking every --interval seconds, launching runs through
-the instance's queued run coordinator) and a real `hir serve` polling the store every --poll seconds, the next day's
+`dagster-daemon` running the definitions (the arrival sensor ticking every --interval seconds, 30 as deployed, launching
+runs through the instance's queued run coordinator) and a real `hir serve` polling the store every --poll seconds (30,
+its default), the next day's
 catalogue file lands (written under a hidden name, renamed). The clock runs from the rename until `hir serve` answers a
 user with the new items (`scope=new`, and `/health` names the day). The wait for each stage comes from the instance's
 run record: the sensor's tick to the run's creation, the queue, the run (a process that imports the definitions, then
@@ -186,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", default=str(REPO / ".hir" / "storage" / "synthetic"),
                         help="a materialised synthetic store (the demo's by default)")
     parser.add_argument("--window", help="the window whose next day lands (default: the store's window before its last)")
-    parser.add_argument("--interval", type=int, default=10, help="the arrival sensor's tick (HIR_ARRIVALS_INTERVAL_S)")
-    parser.add_argument("--poll", type=float, default=5.0, help="hir serve --poll-seconds")
+    parser.add_argument("--interval", type=int, default=30, help="the arrival sensor's tick (HIR_ARRIVALS_INTERVAL_S; "
+                                                                  "default: the sensor's own)")
+    parser.add_argument("--poll", type=float, default=30.0, help="hir serve --poll-seconds (default: hir serve's own)")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds from the landing")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, store, instance)")
     args = parser.parse_args(argv)
