@@ -17,6 +17,7 @@ from hir_assets.resources import PartitionStorage, SourceResource
 from hir_model.content import CLIP_ASSET, CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.windows import KEY_FORMAT, Window, WindowSpec, floor_to_window
 from hir_model.embed import EMBEDDINGS_ASSET
+from hir_model.graph.window import GRAPH_ASSET
 from hir_model.protocol.split import to_us
 from hir_model.rank.increment import (INCREMENT_ASSET, ITEMS_FILE, NEW_IDS_CHECK, UNIT_CHECK, WITHIN_DAY_CHECK, Increment,
                                       build_increment, increment_checks, manifests, read_increment, write_increment)
@@ -26,7 +27,8 @@ from hir_model.train.checkpoint import ENCODER_ASSET
 
 GROUP = "arrivals"
 CONTENT_VERSION_CHECK = "increment_content_version"
-WINDOW_ASSETS = (HEAD_ASSET, BOM_ASSET, EMBEDDINGS_ASSET, ENCODER_ASSET, CONTENT_ASSET, CLIP_ASSET)  # what a day reads of t
+WINDOW_ASSETS = (HEAD_ASSET, BOM_ASSET, EMBEDDINGS_ASSET, ENCODER_ASSET, CONTENT_ASSET, CLIP_ASSET,
+                 GRAPH_ASSET)  # what a day reads of window t (the graph: the frozen encoder's artefacts load it)
 
 
 def increment_partitions(spec: WindowSpec) -> dg.TimeWindowPartitionsDefinition:
