@@ -4,8 +4,8 @@ An increment is one day d after end(t), t being the last window closed before d 
 items (products, services) first seen inside [start(d), end(d)): read from the source's catalogue snapshot at end(d)
 through the catalogue contract (what entity_catalog would publish), their content embedded with window t's encoders
 (the text model and catalog_clip(t), so the vectors live where window t's content table does), and placed in window
-t's metric space as `InductiveEncoder.item_vectors` places items without a row (the ridge map from content to window
-t's rows; without content, the frozen encoder's single token). Each item also gets Bag-of-Meaning tokens: its soft
+t's metric space as `InductiveEncoder.item_vectors` places items without a row (by their content among window t's warm
+products, hir_model.embed.content_map; without content, the frozen encoder's single token). Each item also gets Bag-of-Meaning tokens: its soft
 top-k assignment to bom_index(t)'s primitives (their centroids), as interest_hierarchy(t) assigned the window's entities.
 Nothing dated at or after end(d) is read, and nothing of window t changes: serving appends the items after window t's
 (hir_model.rank.recommender.Recommender.with_increments).
@@ -243,8 +243,8 @@ def build_increment(store, source, window: Window, day: Window, content_config, 
     matrix, has = to_matrix(content.table["embedding"])  # (m, C) NaN rows where no content
     matrix = np.nan_to_num(matrix)
     space = ItemSpace(ids, 0, np.full(m, -1, np.int64), np.zeros(0, object), matrix, has)
-    vectors = placer.inductive.item_vectors(space)  # (m, W): the content map where content is, the single token elsewhere
-    mapped = placer.inductive.config.new_items == "content_map" and placer.inductive.content_map is not None and \
+    vectors = placer.inductive.item_vectors(space)  # (m, W): placed by content where there is some, the single token elsewhere
+    mapped = placer.inductive.config.new_items != "encoder" and placer.inductive.content_map is not None and \
         matrix.shape[1] == placer.inductive.content_dim
     single = int(m - (has.sum() if mapped else 0))
     increment = Increment(day.key, window.key, to_us(day.start), to_us(day.end), ids,

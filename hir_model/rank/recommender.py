@@ -35,7 +35,7 @@ import pyarrow as pa
 from hir_model.protocol.metrics import Ragged, in_sorted
 from hir_model.protocol.split import ItemSpace, Queries, warm_queries
 from hir_model.rank.coengagement import coengagement_rows, top_of_row
-from hir_model.rank.head import HeadConfig, head_scores, kernel_items, warm_query
+from hir_model.rank.head import HeadConfig, head_scores, kernel_items, recent_items, warm_query
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head
 from hir_model.retrieval.index import DEFAULT_PROBE_FACTOR, Hit
 
@@ -142,7 +142,7 @@ class Recommender:
         other._new_content = np.concatenate([inc.content if ok else np.zeros((len(inc), width), np.float32)
                                              for inc, ok in zip(served, fits)]) if width else None
         other._new_has = np.concatenate([inc.has_content & ok for inc, ok in zip(served, fits)])
-        other.items = self.state.items(self.config, other._new_vectors)
+        other.items = self.state.items(self.config, other._new_vectors, new_content=other._arrival_content())
         other.item_row = dict(self.item_row)
         other.item_row.update({e: self.n_items + i for i, e in enumerate(ids)})
         other.retriever = self.retriever.extended(ids, types, vectors, tokens) if self.retriever is not None else None
@@ -153,6 +153,14 @@ class Recommender:
             other._inductive_loader = lambda: copy.copy(self.inductive)
         other._lock = threading.Lock()
         return other
+
+    def _arrival_content(self) -> np.ndarray | None:
+        """(m, C) the arrivals' content for the head's content term (zero rows: none), None where the head carries no
+        content of that width (the term then stays off, as for any item without content)."""
+        state_content = self.state.content
+        if state_content is None or self._new_content is None or self._new_content.shape[1] != state_content.shape[1]:
+            return None
+        return np.where(self._new_has[:, None], self._new_content, 0.0).astype(np.float32)
 
     def scope_range(self, scope: str = "all", upto: int | None = None) -> tuple[int, int]:
         """[lo, hi) of the item rows `scope` serves, within the first `upto` (None: every served row)."""
@@ -295,6 +303,9 @@ class Recommender:
             co = coengagement_rows(batch.queries, self.items.coengagement, self.config.coengagement_half_life_days,
                                    self.config.deep_weight)
         retriever = self.window_retriever if scope == "window" else self.retriever
+        profiles = None  # (Q, C) the users' content profiles, where the head scores arrivals' content (its content term)
+        if scope != "window" and hi > self.n_window and self.items.content is not None and self.items.content_weight:
+            profiles = recent_items(batch.queries, self.items.content, None, self.config.deep_weight)
         out = []
         for q in range(len(batch.queries)):
             skip = np.zeros(0, np.int64) if include_seen else np.unique(seen.row(q))
@@ -314,15 +325,18 @@ class Recommender:
                     parts.append(fresh(top_of_row(co, q, budget + len(skip)), budget))
                 parts.append(fresh(self.prior_order[:math.ceil(budget / 2) + len(skip)], math.ceil(budget / 2)))
             if scope != "window" and hi > self.n_window:  # the arrivals: their own candidates (module docstring)
-                parts.append(fresh(self._arrival_rows(vectors[q], recent[q][0][:KERNEL_PROBES], budget + len(skip), hi),
-                                   budget + len(skip)))
+                profile = None if profiles is None else profiles[q]
+                parts.append(fresh(self._arrival_rows(vectors[q], recent[q][0][:KERNEL_PROBES], budget + len(skip), hi,
+                                                      profile), budget + len(skip)))
             rows = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
             out.append(rows[(rows >= lo) & (rows < hi)])
         return out
 
-    def _arrival_rows(self, vector: np.ndarray, recent: np.ndarray, budget: int, hi: int) -> np.ndarray:
-        """Increment rows [n_window, hi) nearest the query vector (`budget` of them) and nearest each recent item
-        (budget / KERNEL_PROBES each): all of them when they are fewer. Exact dot products: a day's arrivals are few."""
+    def _arrival_rows(self, vector: np.ndarray, recent: np.ndarray, budget: int, hi: int,
+                      profile: np.ndarray | None = None) -> np.ndarray:
+        """Increment rows [n_window, hi) nearest the query vector (`budget` of them), nearest each recent item
+        (budget / KERNEL_PROBES each) and, with a content profile, nearest it by content (the head's content term): all
+        of them when they are fewer. Exact dot products: a week's arrivals are few beside the window's items."""
         rows = np.arange(self.n_window, hi)
         if len(rows) <= budget:
             return rows
@@ -331,6 +345,8 @@ class Recommender:
         per_item = math.ceil(budget / KERNEL_PROBES)
         for item in recent:
             picked.append(rows[np.argsort(-(block @ self.items.vectors[item]), kind="stable")[:per_item]])
+        if profile is not None and profile.any():
+            picked.append(rows[np.argsort(-(self.items.content[self.n_window:hi] @ profile), kind="stable")[:budget]])
         return np.unique(np.concatenate(picked))
 
     def top(self, batch: Batch, k: int, exact: bool = False, include_seen: bool = False,

@@ -222,3 +222,26 @@ def test_hir_retrieve_and_the_http_query_take_a_scope(built, monkeypatch, capsys
     assert query_from_params({"user": "u1", "scope": "new"}).scope == "new" and query_from_json({"user": "u1"}).scope == "all"
     with pytest.raises(BadRequest, match="scope must be one of"):
         query_from_params({"user": "u1", "scope": "fresh"})
+
+
+def test_arrivals_are_scored_with_the_heads_content_term(built):
+    """A head carrying its items' content: the arrivals' content joins the item side, and the served score of p6 is the
+    head's score with the content term, as hir_exact scores an item first seen after end(t)."""
+    from hir_model.rank.head import head_scores
+    from hir_model.rank.state import HEAD_ASSET, read_head
+
+    store, build = built
+    inc = build.increment
+    state = read_head(store.partition_dir(HEAD_ASSET, KEYS[0]))
+    rng = np.random.default_rng(1)
+    state = dataclasses.replace(state, content=rng.normal(size=(state.n_items, inc.content.shape[1])).astype(np.float32))
+    base = Recommender.load(store, KEYS[0])
+    rec = Recommender(state, base.user_rows, base.has_row, base.retriever, probe_factor=base.probe_factor).with_increments([inc])
+    assert rec.items.fresh.tolist() == [False] * state.n_items + [True] and rec.items.content_weight == state.config.content_weight
+    side = state.items(state.config, inc.vectors, new_content=inc.content)
+    batch = rec.user_batch(["u1"])
+    expected = head_scores(batch.queries, side, state.config, batch.rows, batch.warm, batch.cold_vectors)[0, -1]
+    without = head_scores(batch.queries, state.items(state.config, inc.vectors), state.config, batch.rows, batch.warm,
+                          batch.cold_vectors)[0, -1]
+    (hit,) = rec.recommend("u1", k=1, scope="new")
+    assert hit.entity_id == "p6" and hit.score == pytest.approx(float(expected), rel=1e-5) and expected != without
