@@ -14,9 +14,10 @@ served. A query is answered in three steps:
 3. The items the user already engaged with by end(t) (a cold user: its context) are removed unless `include_seen`.
 
 Items that arrived after end(t) (hir_model.rank.increment) are served once `with_increments` appends window t's published
-increments: rows n_window .. n_items, at the priors' floors, the BoM postings and the faiss index extended in place.
-They have no prior and no co-engagement to reach them, so they get their own candidates: the increment items nearest the
-query vector and each probed recent item (all of them when they are fewer than the budget). `scope` asks for all items,
+increments: rows n_window .. n_items, at the priors' floors with their content for the head's content term, the BoM
+postings and the faiss index extended in place. They have no prior and no co-engagement to reach them, so they get
+their own candidates: the increment items nearest the query vector, each probed recent item and the user's content
+profile (all of them when they are fewer than the budget). `scope` asks for all items,
 the window's only (what was served before any increment) or the increments' only (the new arrivals); `upto` serves the
 first `upto` rows only (the evaluation's view of what had been published at a past moment).
 """
@@ -112,7 +113,8 @@ class Recommender:
         items it serves, as a new Recommender: this one is left serving exactly what it served (a request holding it
         never sees part of an increment). The faiss index grows in place and the postings of the new items' tokens are
         copied and extended (hir_model.retrieval.index.Retriever.extended); the head's item side is rebuilt with the new
-        vectors at the priors' floors. ValueError for an increment of another window or an id already served."""
+        vectors at the priors' floors and their content (the head's content term). ValueError for an increment of
+        another window or an id already served."""
         added = [inc for inc in increments if len(inc)]
         for inc in increments:
             if inc.window != self.window:
