@@ -27,10 +27,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from dagster_project.definitions import build_definitions
-from dagster_project.jobs import EVALUATION_JOB, WINDOW_JOB
+from dagster_project.jobs import EVALUATION_JOB, INCREMENT_JOB, WINDOW_JOB
 from dagster_project.notify import AlertLogNotifier
 from dagster_project.sensors import CHECK_FAILED
-from hir_assets import enrichment, evaluation, events, hierarchy, index, training
+from hir_assets import enrichment, evaluation, events, hierarchy, increments, index, training
 from hir_model.config import HIRConfig
 from hir_model.data.tables import ENTITIES_FILE, EVENTS_FILE
 from hir_model.storage import Staging
@@ -39,6 +39,7 @@ from tests.dagster_project.instances import write_home
 from tests.hir_model.rank.test_serve import server
 
 KEYS = ["2024-01-07", "2024-01-14"]
+DAY = "2024-01-16"  # a day of W1 whose increment is placed in W0's space: p3 ("Green hat") arrives on it
 RANGE = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 RUN_CONFIG = {"ops": {"hir_encoder": {"config": {"launch": "in_process", "steps": 4}},
                       "bom_index": {"config": {"max_posting_share": 1.0}}}}  # 3 items: a 5% cap would keep 1 per token
@@ -72,6 +73,7 @@ def pipeline(tmp_path_factory):
         for key in KEYS:
             assert window_job.execute_in_process(partition_key=key, instance=instance, run_config=RUN_CONFIG).success
         assert defs.resolve_job_def(EVALUATION_JOB).execute_in_process(partition_key=KEYS[0], instance=instance).success
+        assert defs.resolve_job_def(INCREMENT_JOB).execute_in_process(partition_key=DAY, instance=instance).success
         yield Pipeline(root, byo, store, home, defs, instance)
 
 
@@ -210,7 +212,24 @@ def read_of_the_future(monkeypatch, p):
     yield {}
 
 
-CASES = [  # asset, the check the plant fails, the window re-run, the plant
+@contextmanager
+def item_after_the_day(monkeypatch, p):
+    """A writer bug: the staged increment gains a row first seen an hour after the day's end."""
+    real = increments.write_increment
+
+    def write(folder, inc):
+        real(folder, inc)
+        items = pq.read_table(Path(folder) / "items.parquet")
+        ts = items.schema.get_field_index("first_seen_ts")
+        late = items.slice(0, 1).set_column(ts, items.schema.field(ts), pa.array([W1 + timedelta(days=3, hours=1)],
+                                                                                 items.schema.field(ts).type))
+        late = late.set_column(0, items.schema.field(0), pa.array(["late"], pa.string()))
+        pq.write_table(pa.concat_tables([items, late]), Path(folder) / "items.parquet")
+    monkeypatch.setattr(increments, "write_increment", write)
+    yield {}
+
+
+CASES = [  # asset, the check the plant fails, the window (or day) re-run, the plant
     ("entity_catalog", "unique_entity_id", KEYS[1], duplicate_staged_catalog_row),
     ("raw_events", "unique_event_id", KEYS[1], duplicate_staged_event),
     ("engagement_graph", "no_future_edges", KEYS[1], leaked_event_row),
@@ -221,7 +240,9 @@ CASES = [  # asset, the check the plant fails, the window re-run, the plant
     ("ranking_head", "head_finite", KEYS[1], nan_item_prior),
     ("bom_index", "bom_recall_at_100", KEYS[1], recall_out_of_reach),
     ("window_evaluation", "reads_only_t_and_next_events", KEYS[0], read_of_the_future),
+    ("catalog_increment", "increment_within_day", DAY, item_after_the_day),
 ]
+JOBS = {"window_evaluation": EVALUATION_JOB, "catalog_increment": INCREMENT_JOB}  # assets outside the window job
 
 
 def test_every_blocking_check_is_planted(tmp_path):
@@ -246,7 +267,7 @@ def test_a_failed_blocking_check_publishes_nothing(pipeline, monkeypatch, tmp_pa
     cursor = tick(p, None, log)  # alerting starts now
     before, folder = digest(p.store / asset / key), p.store / asset
     with plant(monkeypatch, p) as run_config:
-        job = p.defs.resolve_job_def(EVALUATION_JOB if asset == "window_evaluation" else WINDOW_JOB)
+        job = p.defs.resolve_job_def(JOBS.get(asset, WINDOW_JOB))
         job = job.get_subset(asset_selection={dg.AssetKey(asset)})
         where = {"partition_key": key} if launch == "partition" else {"tags": dict.fromkeys(RANGE, key)}
         result = job.execute_in_process(instance=p.instance, raise_on_error=False, run_config=run_config, **where)
