@@ -178,7 +178,7 @@ def window_placer(store, window: Window, content_config, inductive_config=None) 
 
     def load() -> Placer:
         inductive = InductiveEncoder(load_artefacts(store, window.key, to_us(window.end)), config)
-        inductive.content_map  # noqa: B018 - fitted once here, not per day
+        inductive.placer  # noqa: B018 - fitted once here, not per day
         codebooks = read_codebooks(pq.read_table(store.partition_dir(BOM_ASSET, window.key) / f"{CODEBOOK_FILE}.parquet"))
         return Placer(load_encoders(content_config, clip), inductive, codebooks)
 
@@ -244,7 +244,7 @@ def build_increment(store, source, window: Window, day: Window, content_config, 
     matrix = np.nan_to_num(matrix)
     space = ItemSpace(ids, 0, np.full(m, -1, np.int64), np.zeros(0, object), matrix, has)
     vectors = placer.inductive.item_vectors(space)  # (m, W): placed by content where there is some, the single token elsewhere
-    mapped = placer.inductive.config.new_items != "encoder" and placer.inductive.content_map is not None and \
+    mapped = placer.inductive.placer is not None and \
         matrix.shape[1] == placer.inductive.content_dim
     single = int(m - (has.sum() if mapped else 0))
     increment = Increment(day.key, window.key, to_us(day.start), to_us(day.end), ids,
