@@ -45,10 +45,10 @@ def hir_embed_config(source: str, users: str | None = None):
 def hir_train_overrides(source: str, overrides: list[str] = ()) -> dict:
     """hir_encoder's TrainConfig overrides for `source`: hir.toml's [train] and [train.<source>] (what the asset passes
     the entry point), then `overrides` (`field=value`, JSON values) over them, as if [train.<source>] held them."""
-    from hir_model.config import load_config
+    from hir_model.config import layer_train, load_config
     from hir_model.train.config import parse_overrides
 
-    return {**load_config(env={**os.environ, "HIR_SOURCE": source}).train, **parse_overrides(list(overrides))}
+    return layer_train(load_config(env={**os.environ, "HIR_SOURCE": source}).train, parse_overrides(list(overrides)))
 
 
 def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], overrides: dict, scratch: Path,

@@ -137,16 +137,28 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         data_dir=Path(local(env.get("HIR_DATA_DIR") or raw.get("data_dir", "data"))),
         synthetic=synthetic,
         parquet_path=local(p) if (p := env.get("HIR_PARQUET_PATH") or raw.get("parquet", {}).get("path", "")) else "",
-        train=_source_overrides(raw.get("train", {}), source),
+        train=_source_overrides(raw.get("train", {}), source, layer_train),
         train_shared=_source_overrides(raw.get("train", {}), ""),
         embed=_source_overrides(raw.get("embed", {}), source),
         config_file=path if path.exists() else None,
     )
 
 
-def _source_overrides(table: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """A table's keys ([train], [embed]), then its <source> sub-table's keys over them (other sources' sub-tables
-    dropped)."""
-    out = {k: v for k, v in table.items() if k not in SOURCES}
-    out.update(table.get(source, {}))
+def layer_train(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """TrainConfig fields `top` over `base`; a step count or an epoch budget in `top` replaces the budget rule below
+    it (`steps = 40` in [train.<source>] or `--set steps=40` means 40 steps a window, not a fallback)."""
+    out = dict(base)
+    if "root_steps" not in top and ("steps" in top or "epochs" in top):
+        out.pop("root_steps", None)
+    if "epochs" not in top and ("steps" in top or "root_steps" in top):
+        out.pop("epochs", None)
+    out.update(top)
     return out
+
+
+def _source_overrides(table: Mapping[str, Any], source: str, layer=None) -> dict[str, Any]:
+    """A table's keys ([train], [embed]), then its <source> sub-table's keys over them (other sources' sub-tables
+    dropped; `layer(base, top)` merges the two where a plain update would not)."""
+    out = {k: v for k, v in table.items() if k not in SOURCES}
+    top = table.get(source, {})
+    return layer(out, top) if layer else {**out, **top}

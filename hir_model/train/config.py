@@ -36,7 +36,10 @@ class BudgetConfig:
     epochs: float = 0.0  # > 0: a budget in passes over the window's engagement pairs instead of `steps`: the window trains
     # ceil(epochs * pairs / window pairs per step) steps (at least 1, at most max_steps), each step's pair batch taking the
     # next pairs of a seeded permutation, so every pair is seen once an epoch (needs pair_batch)
-    max_steps: int = 0  # cap on the steps an epoch budget gives a window (0: none)
+    max_steps: int = 0  # cap on the steps an epoch or root budget gives a window (0: none)
+    root_steps: float = 0.0  # > 0: the window trains ceil(root_steps * sqrt(pairs / pairs per step)) steps instead of
+    # `steps`, growing with the square root of its engagement pairs (docs/decisions.md, "The training budget follows
+    # the window's pairs"): 5 gives MovieLens's median week ~45 steps, a small synthetic window ~125, a medium one ~395
     batch_size: int = 64  # seeds per step (global, over all ranks): half engagement pairs (user, entity), half active nodes
     pair_share: float = 1.0  # share of a step's seeds drawn as engagement pairs (P users + P entities); the rest: active nodes
     pair_batch: int = 0  # engagement pairs per step (global) encoded on the student's narrow view beside the distillation
@@ -53,6 +56,10 @@ class BudgetConfig:
         if self.epochs < 0 or self.max_steps < 0 or self.pair_batch < 0 or self.shared_negatives < 0:
             raise ValueError(f"epochs, max_steps, pair_batch and shared_negatives must be >= 0, got {self.epochs}, "
                              f"{self.max_steps}, {self.pair_batch}, {self.shared_negatives}")
+        if self.root_steps < 0:
+            raise ValueError(f"root_steps must be >= 0, got {self.root_steps}")
+        if self.root_steps > 0 and self.epochs > 0:
+            raise ValueError(f"one budget rule at a time: epochs={self.epochs} and root_steps={self.root_steps} are both set")
         if self.epochs > 0 and not self.pair_batch:
             raise ValueError(f"an epoch budget (epochs={self.epochs}) needs pair_batch > 0: the pairs an epoch passes over")
         if not 0 <= self.replay_share < 1:
@@ -63,12 +70,20 @@ class BudgetConfig:
         """Pairs of each step's pair batch replayed from earlier windows (the rest are the window's own)."""
         return int(round(self.pair_batch * self.replay_share))
 
+    @property
+    def step_pairs(self) -> int:
+        """The window's own engagement pairs one step reads: its seeds' pairs plus the pair batch's unreplayed share."""
+        return max(1, int(self.batch_size * self.pair_share) // 2 + self.pair_batch - self.replay_pairs)
+
     def window_steps(self, pairs: int) -> int:
-        """Optimizer steps of a window with `pairs` engagement pairs: `steps`, or the epoch budget's count."""
-        if self.epochs <= 0:
+        """Optimizer steps of a window with `pairs` engagement pairs: `steps`, the epoch budget's count (passes over the
+        pair batch's share) or the root budget's (root_steps x the square root of the steps one pass would take)."""
+        if self.root_steps > 0:
+            n = max(1, math.ceil(self.root_steps * math.sqrt(max(pairs, 0) / self.step_pairs)))
+        elif self.epochs > 0:
+            n = max(1, math.ceil(self.epochs * pairs / (self.pair_batch - self.replay_pairs)))
+        else:
             return self.steps
-        per_step = self.pair_batch - self.replay_pairs
-        n = max(1, math.ceil(self.epochs * pairs / per_step))
         return min(n, self.max_steps) if self.max_steps else n
 
 
@@ -260,13 +275,16 @@ def with_overrides(cfg: TrainConfig, overrides: dict) -> TrainConfig:
     """cfg with the given fields replaced, named flat as in hir.toml (`lr`, `steps`: each goes to its group; lists become
     tuples); `encoder` may be a dict of EncoderConfig fields to replace (e.g. {"strength_buckets": 24}), `narrow` and
     `broad` dicts of ViewConfig fields (e.g. {"fanout": [12, 3]}); `budget` names a
-    BUDGETS preset, applied before the other fields; unknown names raise a ValueError naming them."""
+    BUDGETS preset, applied before the other fields; `steps` or `epochs` without `root_steps` turns the root rule off;
+    unknown names raise a ValueError naming them."""
     overrides = dict(overrides)
     if "budget" in overrides:
         name = overrides.pop("budget")
         if name not in BUDGETS:
             raise ValueError(f"unknown training budget {name!r}; known: {sorted(BUDGETS)}")
         cfg = with_overrides(cfg, BUDGETS[name])
+    if ("steps" in overrides or "epochs" in overrides) and "root_steps" not in overrides:
+        overrides["root_steps"] = 0.0  # a step count or an epoch budget named here replaces the root rule
     unknown = sorted(set(overrides) - set(FIELD_GROUP) - set(_TOP))
     if unknown:
         raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted([*FIELD_GROUP, *_TOP])}")

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> dict | None:
         if args.overrides:
             cfg = with_overrides(cfg, json.loads(args.overrides))
         if args.steps:
-            cfg = set_fields(cfg, steps=args.steps)
+            cfg = set_fields(cfg, steps=args.steps, root_steps=0.0, epochs=0.0)  # a fixed count, whatever the rule
         if args.levels:
             cfg = set_fields(cfg, levels=tuple(int(k) for k in args.levels.split(",")))
         torch.set_num_threads(max(1, args.threads or torch.get_num_threads()))
@@ -86,7 +86,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window", default="", help="window key recorded in the checkpoint")
     p.add_argument("--config", help="TrainConfig as JSON (TrainConfig.to_dict())")
     p.add_argument("--overrides", help='some TrainConfig fields as JSON, e.g. {"levels": [4, 12, 36], "steps": 40}')
-    p.add_argument("--steps", type=int, default=0, help="override TrainConfig.budget.steps")
+    p.add_argument("--steps", type=int, default=0, help="a fixed step count per window (TrainConfig.budget.steps; turns a budget rule off)")
     p.add_argument("--levels", default="", help="override TrainConfig.prototypes.levels, coarse to fine, e.g. 4,12,36")
     p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (simulates a kill)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per process (0: torch's default)")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hir_model.config import ConfigError, load_config
+from hir_model.config import ConfigError, layer_train, load_config
 
 
 def write(tmp_path, text: str):
@@ -58,6 +58,15 @@ def test_train_settings_per_source_and_shared(tmp_path):
     cfg = load_config(write(tmp_path, text), env={"HIR_SOURCE": "synthetic"})
     assert cfg.train == {"levels": [4, 12, 36], "steps": 12}  # the source's sub-table over [train], others dropped
     assert cfg.train_shared == {"levels": [8, 32, 128], "steps": 12}  # [train] alone
+
+
+def test_a_sources_step_count_replaces_the_shared_budget_rule(tmp_path):
+    text = "[train]\nroot_steps = 5.0\nsteps = 12\n[train.movielens]\nsteps = 30\n"
+    assert load_config(write(tmp_path, text), env={"HIR_SOURCE": "synthetic"}).train == {"root_steps": 5.0, "steps": 12}
+    assert load_config(write(tmp_path, text), env={}).train == {"steps": 30}  # MovieLens: a fixed 30
+    assert layer_train({"root_steps": 5.0}, {"epochs": 1.0}) == {"epochs": 1.0}
+    assert layer_train({"epochs": 1.0, "lr": 0.1}, {"root_steps": 3.0}) == {"root_steps": 3.0, "lr": 0.1}
+    assert layer_train({"root_steps": 5.0}, {"lr": 0.1}) == {"root_steps": 5.0, "lr": 0.1}  # other fields keep the rule
 
 
 def test_embed_settings_per_source(tmp_path):

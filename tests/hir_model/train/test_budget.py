@@ -33,6 +33,20 @@ def test_an_epoch_budget_sets_the_step_count_from_the_windows_pairs():
         set_fields(TrainConfig(), pair_batch=8, replay_share=1.0)
 
 
+def test_a_root_budget_grows_with_the_square_root_of_the_windows_pairs():
+    cfg = set_fields(TrainConfig(), root_steps=5.0)  # 64 seeds a step, half of them pairs: 32 of the window's pairs
+    b = cfg.budget
+    assert b.step_pairs == 32
+    assert b.window_steps(32 * 100) == 50 and b.window_steps(32 * 400) == 100  # 4x the pairs, 2x the steps
+    assert b.window_steps(0) == 1 and b.window_steps(20_000) == 125 and b.window_steps(200_000) == 396
+    assert set_fields(cfg, max_steps=60).budget.window_steps(32 * 400) == 60
+    assert set_fields(cfg, root_steps=0.0).budget.window_steps(32 * 400) == cfg.budget.steps
+    with pytest.raises(ValueError, match="one budget rule"):
+        set_fields(cfg, epochs=1.0, pair_batch=16)
+    with pytest.raises(ValueError, match="root_steps must be"):
+        set_fields(TrainConfig(), root_steps=-1.0)
+
+
 def test_every_pair_is_seen_once_an_epoch():
     data, _ = tiny_data()
     cfg = budget_config()
