@@ -126,7 +126,7 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
         s, cfg = built["seconds"], with_overrides(TrainConfig(), hir)
         print(f"case={name} hir_build_s={time.perf_counter() - t0:.1f} hir_content_s={s['content']:.1f} hir_graph_s={s['graph']:.1f} "
               f"hir_train_s={s['train']:.1f} hir_embed_s={s['embed']:.1f} hir_index_s={s['index']:.1f} windows_trained={built['windows_trained']} "
-              f"steps_per_window={cfg.budget.steps} users_view={(embed or EmbedConfig()).users} levels={','.join(map(str, cfg.prototypes.levels))} last_loss={built['last_loss']:.3f} "
+              f"steps_per_window={','.join(map(str, built['steps']))} users_view={(embed or EmbedConfig()).users} levels={','.join(map(str, cfg.prototypes.levels))} last_loss={built['last_loss']:.3f} "
               f"min_usage_entropy={built['min_usage_entropy']:.3f}", flush=True)
         t0 = time.perf_counter()
         unevaluated = {}

@@ -73,7 +73,7 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], overri
     needed = [k for k in keys if spec.next(spec.window(k)) is not None]
     first, upto = min(keys, default=""), max(needed, default="")
     seconds = {"content": 0.0, "graph": 0.0, "train": 0.0, "embed": 0.0, "index": 0.0}
-    losses, entropy, previous = [], [], None
+    losses, entropy, steps, previous = [], [], [], None
     for window in spec.windows():
         key = window.key
         t0 = time.perf_counter()
@@ -107,7 +107,8 @@ def publish_hir(store: PartitionStore, spec: WindowSpec, keys: list[str], overri
         seconds["index"] += time.perf_counter() - t4
         losses.append(metrics["losses"][-1] if metrics["losses"] else float("nan"))
         entropy.append(min(metrics["usage_entropy"], default=float("nan")))
-    return {"seconds": seconds, "windows_trained": len(losses),
+        steps.append(int(metrics.get("window_steps", len(metrics["losses"]))))
+    return {"seconds": seconds, "windows_trained": len(losses), "steps": steps,
             "last_loss": losses[-1] if losses else float("nan"), "min_usage_entropy": min(entropy, default=float("nan"))}
 
 
