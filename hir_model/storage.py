@@ -232,3 +232,10 @@ class S3PartitionStore(PartitionStore):
 
     def _recover(self, asset: str, partition: str) -> None:
         return  # nothing to recover: an upload interrupted before the _CURRENT PUT left the old version current
+
+
+def require_files(folder: Path, names, what: str) -> None:
+    """FileNotFoundError naming `what` and each of `names` missing from `folder` (a published partition's files)."""
+    missing = [f for f in names if not (Path(folder) / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} holds no {what} ({', '.join(missing)} missing)")

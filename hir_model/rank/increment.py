@@ -39,6 +39,7 @@ from hir_model.data.windows import KEY_FORMAT, Window
 from hir_model.hierarchy.assign import AssignConfig, soft_assign
 from hir_model.protocol.split import SplitConfig, to_us
 from hir_model.retrieval.tokens import TOKENS_SCHEMA
+from hir_model.storage import require_files
 
 INCREMENT_ASSET = "catalog_increment"
 ITEMS_FILE, TOKENS_FILE, MANIFEST_FILE = "items", "tokens", "increment.json"
@@ -295,9 +296,7 @@ def read_increment(folder: Path) -> Increment:
     """The increment `write_increment` wrote; FileNotFoundError naming what is missing, ValueError naming a file that
     breaks the contract."""
     folder = Path(folder)
-    missing = [f for f in (f"{ITEMS_FILE}.parquet", f"{TOKENS_FILE}.parquet", MANIFEST_FILE) if not (folder / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{folder} holds no catalogue increment ({', '.join(missing)} missing)")
+    require_files(folder, (f"{ITEMS_FILE}.parquet", f"{TOKENS_FILE}.parquet", MANIFEST_FILE), "catalogue increment")
     meta = json.loads((folder / MANIFEST_FILE).read_text())
     items = pq.read_table(folder / f"{ITEMS_FILE}.parquet")
     if not items.schema.equals(INCREMENT_ITEMS_SCHEMA):

@@ -35,6 +35,7 @@ from hir_model.rank.fit import WEIGHTS, PriorCalibration, fit_prior_weight, deca
 from hir_model.rank.head import HeadConfig, ItemSide
 from hir_model.rank.coengagement import coengagement_similarity, padded
 from hir_model.rank.track import TrackRecord, pooled_choice, pooled_weight
+from hir_model.storage import require_files
 
 HEAD_ASSET = "ranking_head"
 ITEMS_FILE, HISTORY_FILE, COENGAGEMENT_FILE, HEAD_FILE = "items", "history", "coengagement", "head.json"
@@ -230,9 +231,7 @@ def _optional_vector(col: pa.ChunkedArray) -> np.ndarray | None:
 def read_head(folder: Path) -> HeadState:
     """The state `write_head` wrote; FileNotFoundError naming what is missing."""
     folder = Path(folder)
-    missing = [f for f in (f"{ITEMS_FILE}.parquet", f"{HISTORY_FILE}.parquet", HEAD_FILE) if not (folder / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{folder} holds no ranking head ({', '.join(missing)} missing)")
+    require_files(folder, (f"{ITEMS_FILE}.parquet", f"{HISTORY_FILE}.parquet", HEAD_FILE), "ranking head")
     meta = json.loads((folder / HEAD_FILE).read_text())
     items = pq.read_table(folder / f"{ITEMS_FILE}.parquet")
     hist = pq.read_table(folder / f"{HISTORY_FILE}.parquet")
