@@ -9,7 +9,8 @@ served. A query is answered in three steps:
    highest (where the head has one), and the items with the largest prior (the head's bias
    term reaches them whatever the query); each source skips the items the user already engaged with, and the query
    vector's probe gives `probe_factor` x max(k, 100) of them, tuned per window so that the served top-100 matches the head's
-   exact top-100 (hir_model.rank.bom_index, hir_model.rank.tune).
+   exact top-100 (hir_model.rank.bom_index, hir_model.rank.tune). A cold user's candidates are every item: its structural
+   readout and the new users' prior are terms the index cannot probe, and its encoder pass costs more than scoring them.
 2. Scores: `head_scores` over the candidates (exact: over every item).
 3. The items the user already engaged with by end(t) (a cold user: its context) are removed unless `include_seen`.
 
@@ -316,6 +317,10 @@ class Recommender:
             def fresh(rows: np.ndarray, n: int) -> np.ndarray:
                 return rows[~in_sorted(skip, rows)][:n]  # np.isin's table grows with the catalogue
 
+            if not batch.warm[q]:  # a cold user: every item in range (module docstring)
+                every = np.arange(lo, hi)
+                out.append(every if include_seen else every[~in_sorted(skip, every)])
+                continue
             parts = []
             if scope != "new":
                 probed = retriever.probe_vector(vectors[q], budget + len(skip), floor=k + len(skip))[0]

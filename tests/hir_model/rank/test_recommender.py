@@ -3,6 +3,8 @@ user, engaged items left out, the head state's files and contract; and the budge
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,7 +21,7 @@ from hir_model.rank.artefacts import load_artefacts
 from hir_model.rank.context import parse_context, read_context_file
 from hir_model.rank.head import HeadConfig
 from hir_model.rank.inductive import InductiveEncoder
-from hir_model.rank.recommender import ContextEvent, Recommender, UnknownUser, user_rows
+from hir_model.rank.recommender import Batch, ContextEvent, Recommender, UnknownUser, user_rows
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head, write_head
 from hir_model.rank.tune import served_recall, tune_probe_factor
 from hir_model.retrieval import Retriever, bom_tokens, build_postings, write_index
@@ -165,3 +167,20 @@ def test_absent_is_the_complement_of_membership_in_the_sorted_skip_list():
         skip = np.unique(rng.integers(0, 500, n_skip))
         rows = rng.integers(0, 520, 200)
         assert (~in_sorted(skip, rows)).tolist() == (~np.isin(rows, skip)).tolist()
+
+
+def test_a_cold_user_is_served_its_exact_ranking_whatever_the_candidate_budget(tmp_path):
+    """A cold user's score carries the new users' prior, which no probe of the index follows: served equals exact."""
+    rec = _crafted(tmp_path)
+    rng = np.random.default_rng(1)
+    rec.items = dataclasses.replace(rec.items, cold_prior=(2.0 * rng.normal(size=rec.n_items)).astype(np.float32))
+    warm = rec.user_batch(list(rec.state.history.user_ids[:12]))
+    cold = Batch(warm.queries, np.zeros(12, bool), np.zeros_like(warm.rows), warm.rows)
+    exact = rec.top(cold, 20, exact=True)
+    served = rec.top(cold, 20, probe_factor=0.5)
+    for (er, es), (sr, ss) in zip(exact, served):
+        np.testing.assert_array_equal(sr, er)
+        np.testing.assert_allclose(ss, es, rtol=1e-6)
+    # the same queries read as warm users are served from the index's candidates, which miss part of their exact top
+    as_warm = Batch(warm.queries, np.ones(12, bool), warm.rows, None)
+    assert sum(len(c) for c in rec.candidates(as_warm, 20, 0.5)) < sum(len(c) for c in rec.candidates(cold, 20, 0.5))
