@@ -5,6 +5,8 @@ t+1 is read."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -17,10 +19,12 @@ from hir_model.embed.entities import EMBEDDINGS_ASSET
 from hir_model.embed.entity_embeddings import load_embeddings
 from hir_model.protocol.split import CATALOG_COLUMNS, EVENT_COLUMNS, Interactions, SplitConfig, build_train, to_us
 from hir_model.rank.artefacts import load_artefacts, missing_artefacts
+from hir_model.rank.examples import train_rankers, window_examples
 from hir_model.rank.head import HeadConfig
 from hir_model.rank.inductive import InductiveEncoder
 from hir_model.rank.recommender import user_rows
-from hir_model.rank.state import HEAD_ASSET, HeadState, fit_head, read_head
+from hir_model.rank.ranker import RankerConfig
+from hir_model.rank.state import HEAD_ASSET, HeadState, fit_head, read_examples, read_head
 from hir_model.rank.track import TrackRecord, track_record
 
 
@@ -41,8 +45,10 @@ def history_table(store, spec: WindowSpec, key: str, config: SplitConfig = Split
 
 
 def build_head_state(store, spec: WindowSpec, key: str, config: HeadConfig = HeadConfig(),
-                     split: SplitConfig = SplitConfig()) -> HeadState:
-    """Window `key`'s head state (hir_model.rank.state); FileNotFoundError naming a missing input."""
+                     split: SplitConfig = SplitConfig(), ranker: RankerConfig = RankerConfig()) -> HeadState:
+    """Window `key`'s head state (hir_model.rank.state) with its learned rankers (hir_model.rank.examples: trained on
+    head(t-1)'s examples judged by window t and those the earlier heads published); FileNotFoundError naming a missing
+    input."""
     missing = missing_artefacts(store, key)
     if missing:
         raise FileNotFoundError(missing)
@@ -57,25 +63,42 @@ def build_head_state(store, spec: WindowSpec, key: str, config: HeadConfig = Hea
     graph = inductive.artefacts.graph
     nodes = inductive.item_nodes(items)
     strength_at = None if graph is None else (lambda cut: graph.strength_at(nodes, cut))
-    track = head_track(store, spec, key, train, items.ids, config) if config.track_min_users is not None else ()
+    previous = previous_head(store, spec, key, train, items.ids)
+    track = head_track(previous, key, config) if config.track_min_users is not None else ()
     table = inductive.artefacts.content
     content = content_rows(table, items.ids)[0] if config.content_weight and table is not None else None
-    return fit_head(train, items.ids, np.array([types[i] for i in items.ids], object), inductive.item_vectors(items),
-                    strength_at, inductive.artefacts.prior_scale, inductive.item_structure(items), config, track,
-                    content)
+    state = fit_head(train, items.ids, np.array([types[i] for i in items.ids], object), inductive.item_vectors(items),
+                     strength_at, inductive.artefacts.prior_scale, inductive.item_structure(items), config, track,
+                     content)
+    if not ranker.enabled:
+        return replace(state, ranker_config=ranker, ranker_note="off (RankerConfig.enabled): the head's hand-set score")
+    examples = window_examples(*previous, ranker) if previous is not None else None
+    earlier = earlier_examples(store, spec, key, ranker.windows - 1)
+    rankers, note = train_rankers(earlier + [examples], ranker)
+    return replace(state, rankers=tuple(r for r in rankers.values() if r is not None), ranker_config=ranker,
+                   ranker_note=note, examples=examples)
 
 
-def head_track(store, spec: WindowSpec, key: str, train: Interactions, item_ids: np.ndarray,
-               config: HeadConfig) -> tuple[TrackRecord, ...]:
-    """The track records head(t) weighs its prior by (hir_model.rank.track): head(t-1)'s, and head(t-1) judged on
-    window t's engagements in `train` (events < end(t)) with its users' rows of entity_embeddings(t-1); () when t-1 has
-    no published head or rows."""
+def earlier_examples(store, spec: WindowSpec, key: str, n: int) -> list:
+    """The ranker examples published by the `n` heads before window `key` that have them, oldest first."""
+    keys = [w.key for w in spec.windows() if w.key < key and store.exists(HEAD_ASSET, w.key)]
+    out = []
+    for k in reversed(keys):
+        if len(out) >= n:
+            break
+        table = read_examples(store.partition_dir(HEAD_ASSET, k))
+        if table is not None:
+            out.append(table)
+    return out[::-1]
+
+
+def previous_head(store, spec: WindowSpec, key: str, train: Interactions, item_ids: np.ndarray):
+    """(head(t-1)'s state, its users' rows of entity_embeddings(t-1), which exist, window t's engagements on its items
+    as (user_id, item row, deep)); None when t-1 has no published head or rows."""
     prev = spec.previous(spec.window(key))
     if prev is None or not store.exists(HEAD_ASSET, prev.key) or not store.exists(EMBEDDINGS_ASSET, prev.key):
-        return ()
+        return None
     state = read_head(store.partition_dir(HEAD_ASSET, prev.key))
-    if state.log_prior is None:
-        return state.track
     rows, has = user_rows(load_embeddings(store, prev.key), state.history.user_ids)
     new = train.ts >= state.end_us
     pos = np.searchsorted(state.item_ids, item_ids[train.item[new]])
@@ -83,6 +106,18 @@ def head_track(store, spec: WindowSpec, key: str, train: Interactions, item_ids:
     found = state.item_ids[pos] == item_ids[train.item[new]]  # items head(t-1) knew
     later = pd.DataFrame({"user_id": train.user_ids[train.user[new]][found], "item": pos[found],
                           "deep": train.deep[new][found]})
+    return state, rows, has, later
+
+
+def head_track(previous, key: str, config: HeadConfig) -> tuple[TrackRecord, ...]:
+    """The track records head(t) weighs its prior by (hir_model.rank.track): head(t-1)'s, and head(t-1) judged on
+    window t's engagements (events < end(t)) with its users' rows of entity_embeddings(t-1); () when there is no
+    `previous_head`."""
+    if previous is None:
+        return ()
+    state, rows, has, later = previous
+    if state.log_prior is None:
+        return state.track
     record = track_record(state.history, state.vectors, state.log_prior, rows, has, config, later, key,
                           similarity=state.coengagement)
     return state.track + ((record,) if record is not None else ())

@@ -10,7 +10,10 @@ Files under `ranking_head/<t>/`:
   user's recent-items state and what they already engaged with.
 - `coengagement.parquet`: the item-to-item co-engagement of window t's history (hir_model.rank.coengagement), `item`,
   `neighbour` (rows of `items.parquet`), `similarity`; absent when the head has none.
-- `head.json`: the head's settings, the prior's weights (the head's and the published rows' alone), where they came
+- `ranker_hir.txt`, `ranker_base.txt`: the learned rankers (hir_model.rank.ranker), LightGBM's text dumps; absent while
+  no earlier window's outcome can train one (the head's hand-set score is then the answer); `examples.parquet`: the
+  examples of head(t-1) judged by window t (hir_model.rank.examples) the rankers of t and later train on.
+- `head.json`: the head's settings, the rankers' features, importance and training data, the prior's weights (the head's and the published rows' alone), where they came
   from (the earlier heads' track records, hir_model.rank.track, or the held-out calibration), the co-engagement's
   weight, the checkpoint's temperature.
 The items' unit content vectors (`content` in `items.parquet`) are what users' content profiles are read from when an
@@ -34,11 +37,16 @@ from hir_model.protocol.split import Interactions
 from hir_model.rank.fit import WEIGHTS, PriorCalibration, fit_prior_weight, decayed_engagement, floored_log, new_user_engagement
 from hir_model.rank.head import HeadConfig, ItemSide
 from hir_model.rank.coengagement import coengagement_similarity, padded
+from hir_model.rank.examples import check_examples
+from hir_model.rank.features import FeatureItems, feature_items
+from hir_model.rank.ranker import Ranker, RankerConfig
 from hir_model.rank.track import TrackRecord, pooled_choice, pooled_weight
 from hir_model.storage import require_files
 
 HEAD_ASSET = "ranking_head"
 ITEMS_FILE, HISTORY_FILE, COENGAGEMENT_FILE, HEAD_FILE = "items", "history", "coengagement", "head.json"
+EXAMPLES_FILE = "examples"  # the ranker's training examples of head(t-1) judged by window t
+RANKER_FILE = "ranker_{}.txt"  # a ranker's LightGBM text dump, per variant
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,25 @@ class HeadState:
     coengagement_weight: float = 0.0  # what multiplies it in warm users' scores (chosen with prior_weight)
     rows_source: str = "head"  # the rows' weight: "track", "config" (rows_prior_weight) or "head" (prior_weight)
     content: np.ndarray | None = None  # (N, C) float32 unit content vectors, zero rows for items without; None: no content
+    rankers: tuple[Ranker, ...] = ()  # the learned rankers of t, one per variant trained (none: the hand-set score)
+    ranker_config: RankerConfig = RankerConfig()
+    ranker_note: str = "no ranker"  # how the rankers came about, or why there are none
+    examples: pa.Table | None = None  # head(t-1)'s examples judged by window t (hir_model.rank.examples)
+
+    def ranker(self, variant: str = "hir") -> Ranker | None:
+        """The learned ranker of `variant` ("hir" or "base"), None where none was trained."""
+        return next((r for r in self.rankers if r.variant == variant), None)
+
+    @property
+    def base_co_weight(self) -> float:
+        """Co-engagement's weight in the base first stage: the head's, or the configured one where the head's is 0."""
+        return self.coengagement_weight or (self.config.coengagement_weight if self.coengagement is not None else 0.0)
+
+    def feature_items(self, new_items: int = 0, new_content: np.ndarray | None = None) -> FeatureItems:
+        """The items as the ranker's features read them (hir_model.rank.features), `new_items` first seen after end(t)
+        appended (`new_content`: their content vectors, None: none)."""
+        return feature_items(self.history, self.log_prior, self.cold_log_prior, self.coengagement, self.content,
+                             self.config.deep_weight, new_items, new_content)
 
     @property
     def rows_prior_weight(self) -> float:
@@ -118,7 +145,9 @@ class HeadState:
                 "weight_grid": list(WEIGHTS), "embeddings_prior_weight": self.rows_prior_weight,
                 "prior_source": self.prior_source, "rows_source": self.rows_source, "coengagement_weight": self.coengagement_weight,
                 "coengagement": self.coengagement is not None, "content": self.content is not None,
-                "track": [r.as_dict() for r in self.track]}
+                "track": [r.as_dict() for r in self.track], "ranker_config": self.ranker_config.as_dict(),
+                "ranker_note": self.ranker_note, "rankers": [r.summary() for r in self.rankers],
+                "examples": 0 if self.examples is None else self.examples.num_rows}
 
 
 def fit_head(train: Interactions, item_ids: np.ndarray, item_types: np.ndarray, vectors: np.ndarray,
@@ -211,6 +240,10 @@ def write_head(folder: Path, state: HeadState) -> None:
         pq.write_table(pa.table({"item": pa.array(co.row.astype(np.int32)), "neighbour": pa.array(co.col.astype(np.int32)),
                                  "similarity": pa.array(co.data.astype(np.float32))}, schema=HEAD_COENGAGEMENT_SCHEMA),
                        folder / f"{COENGAGEMENT_FILE}.parquet")
+    for ranker in state.rankers:
+        (folder / RANKER_FILE.format(ranker.variant)).write_text(ranker.model)
+    if state.examples is not None:
+        pq.write_table(state.examples, folder / f"{EXAMPLES_FILE}.parquet")
     (folder / HEAD_FILE).write_text(json.dumps(state.summary(), indent=1) + "\n")
 
 
@@ -255,6 +288,12 @@ def read_head(folder: Path) -> HeadState:
                              f"{co.schema} != {HEAD_COENGAGEMENT_SCHEMA}")
         similarity = sp.csr_matrix((co["similarity"].to_numpy(), (co["item"].to_numpy(), co["neighbour"].to_numpy())),
                                    shape=(len(ids), len(ids)), dtype=np.float32)
+    rankers = []
+    for summary in meta.get("rankers", ()):
+        path = folder / RANKER_FILE.format(summary["variant"])
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: {folder / HEAD_FILE} names a {summary['variant']} ranker")
+        rankers.append(Ranker.from_summary(summary, path.read_text()))
     cal = meta.get("calibration")
     calibration = None if cal is None else PriorCalibration(
         cal["weight"], {float(w): r for w, r in cal["recall"].items()}, cal["users"], cal["cut_us"])
@@ -267,5 +306,17 @@ def read_head(folder: Path) -> HeadState:
                      tuple(TrackRecord.from_dict(r) for r in meta.get("track", ())), similarity,
                      float(meta.get("coengagement_weight", 0.0)),
                      meta.get("rows_source", "track" if meta.get("prior_source") == "track" else "head"),
-                     _optional_matrix(items["content"]))
+                     _optional_matrix(items["content"]), tuple(rankers),
+                     RankerConfig.from_dict(meta.get("ranker_config", {})), meta.get("ranker_note", "no ranker"),
+                     read_examples(folder))
+
+
+def read_examples(folder: Path) -> pa.Table | None:
+    """The ranker examples a head published (None: none), checked against their contract."""
+    path = Path(folder) / f"{EXAMPLES_FILE}.parquet"
+    if not path.is_file():
+        return None
+    table = pq.read_table(path)
+    check_examples(table, str(path))
+    return table
 
