@@ -166,7 +166,8 @@ def run_case(name: str, source: Source, workdir: Path, out: Path, windows: int |
     return results
 
 
-PAIRS = (("hir", "hir_exact"), ("hir_exact", "hir_embeddings"))  # served vs the head; the head vs the representation
+PAIRS = (("hir", "hir_exact"), ("hir_exact", "hir_embeddings"), ("hir", "ranker_base"))  # served vs the head; the head
+# vs the representation; HIR's lift to the ranker
 
 
 def comparisons(name: str, results: list, last: int = 4) -> None:

@@ -96,7 +96,7 @@ def metadata(outcome: WindowOutcome, history: list, store, key: str, rows: int) 
         "known_items": c.known_items, "new_items": c.new_items, "train_events": c.train_events,
         "next_engagements": c.next_engagements, "content_source": ev.content_source,
         "hir": dg.MetadataValue.json(outcome.hir.as_dict()),
-        **{f"{m}_warm_deep_recall20": float(v) for m in ("hir", "hir_exact", "hir_embeddings")
+        **{f"{m}_warm_deep_recall20": float(v) for m in ("hir", "hir_exact", "hir_embeddings", "ranker_base")
            if not math.isnan(v := ev.value(m, "warm", "known", "deep_funnel", "recall@20"))},
         "warm_started_from": dg.MetadataValue.json(outcome.warm_started_from),
         "dagster/row_count": rows,

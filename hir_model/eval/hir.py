@@ -21,11 +21,13 @@ import numpy as np
 import pandas as pd
 
 from hir_model.protocol.split import Interactions, ItemSpace, Queries
+from hir_model.rank.features import pair_features
 from hir_model.rank.head import head_scores, head_scores_at
+from hir_model.rank.ranker import first_stage, ranked_scores
 from hir_model.rank.inductive import InductiveEncoder
 from hir_model.rank.recommender import ContextEvent, Recommender
 
-MODES = {"hir": "served", "hir_exact": "exact", "hir_embeddings": "embeddings"}
+MODES = {"hir": "served", "hir_exact": "exact", "hir_embeddings": "embeddings", "ranker_base": "base"}
 
 
 class HeadMethod:
@@ -39,7 +41,8 @@ class HeadMethod:
             raise ValueError(f"HIR's rows are {sorted(MODES)}, got {name!r}")
         self.rec, self.inductive, self.name, self.mode, self.depth = rec, inductive, name, MODES[name], depth
         self.config = rec.config.embeddings_only() if self.mode == "embeddings" else rec.config
-        self._items: tuple[np.ndarray, object] | None = None  # (ids array, ItemSide) of the last item space
+        self._items: tuple[np.ndarray, object, object] | None = None  # (ids, ItemSide, FeatureItems) of the last item space
+        self.variant = "base" if self.mode == "base" else "hir"  # the learned ranker that re-scores (exact and base)
         self.warm_served = 0  # warm users answered through the served path (a count for the report)
         if arrivals is not None and (available_us is None or len(available_us) != arrivals.arrived_items
                                      or np.any(np.diff(available_us) < 0)):
@@ -65,20 +68,31 @@ class HeadMethod:
             if new is not None and items.content is not None and state.content is not None \
                     and items.content.shape[1] == state.content.shape[1]:
                 content = np.where(items.has_content[items.n_known:, None], items.content[items.n_known:], 0.0)
-            self._items = (items.ids, state.items(self.config, new, prior_weight=weight, new_content=content))
+            feats = state.feature_items(0 if new is None else len(new), content)
+            self._items = (items.ids, state.items(self.config, new, prior_weight=weight, new_content=content), feats)
         return self._items[1]
 
     def score(self, queries: Queries, items: ItemSpace) -> np.ndarray:
         if self.mode == "served":
             return self._served(queries, items)
         side = self.item_side(items)
-        return head_scores(queries, side, self.config, *self._users(queries, items))
+        if self.mode == "embeddings":
+            return head_scores(queries, side, self.config, *self._users(queries, items))
+        return ranked_scores(self.variant, self.rec.state.ranker(self.variant), queries, side, self._items[2],
+                             self.rec.state.base_co_weight, self.config, *self._users(queries, items))
 
     def score_pairs(self, queries: Queries, items: ItemSpace, q: np.ndarray, c: np.ndarray) -> np.ndarray:
         """(P,) score(queries, items)[q, c], the same values, without the interest kernel's soft maximum over every item
         (the lift reads a few items of each user)."""
         if self.mode == "served":
             return self.score(queries, items)[q, c]
+        ranker = None if self.mode == "embeddings" else self.rec.state.ranker(self.variant)
+        if ranker is not None:  # the ranker's own score of each pair (the lift reads a few items per user)
+            side, users = self.item_side(items), self._users(queries, items)
+            first = first_stage(self.variant, queries, side, self._items[2], self.rec.state.base_co_weight, self.config,
+                                *users)[q, c]
+            return ranker.predict(pair_features(ranker.features, queries, side, self._items[2], self.config, *users,
+                                                q, c, first)).astype(np.float32)
         return head_scores_at(queries, self.item_side(items), self.config, *self._users(queries, items), q, c)
 
     def _users(self, queries: Queries, items: ItemSpace) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

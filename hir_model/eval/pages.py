@@ -22,7 +22,8 @@ REPORT_DIR, REPORT_FILE = "_reports", "evaluation.html"  # under the source's st
 
 
 COMPARED = (("warm", "deep_funnel"), ("cold", "deep_funnel"))  # the slices every comparison table shows (known items)
-HIR_PAIRS = (("hir", "hir_exact"), ("hir_exact", "hir_embeddings"))  # the index's cost; what the head adds
+HIR_PAIRS = (("hir", "hir_exact"), ("hir_exact", "hir_embeddings"), ("hir", "ranker_base"))  # the index's cost; what
+# the head adds to the representation; what HIR adds to a deep-funnel ranker (its lift)
 
 
 def user_band(e: WindowEvaluation, method: str, users: str, items: str, target: str, metric: str) -> tuple[float, float] | None:

@@ -47,7 +47,7 @@ from hir_model.train.checkpoint import ENCODER_ASSET
 
 log = logging.getLogger("hir")
 
-HIR_ROWS = ("hir", "hir_exact", "hir_embeddings")
+HIR_ROWS = ("hir", "hir_exact", "hir_embeddings", "ranker_base")  # ranker_base: the ranker without HIR's features
 ALL_METHODS = HIR_ROWS + ("popularity", "item2item_recent", "content", "mf_als", "lightgcn")
 NEXT_WINDOW_ASSETS = (EVENTS_ASSET, CATALOG_ASSET, CONTENT_ASSET)  # the only assets whose t+1 partition may be read
 

@@ -11,7 +11,9 @@ served. A query is answered in three steps:
    vector's probe gives `probe_factor` x max(k, 100) of them, tuned per window so that the served top-100 matches the head's
    exact top-100 (hir_model.rank.bom_index, hir_model.rank.tune). A cold user's candidates are every item: its structural
    readout and the new users' prior are terms the index cannot probe, and its encoder pass costs more than scoring them.
-2. Scores: `head_scores` over the candidates (exact: over every item).
+2. Scores: the one scoring path over the candidates (exact: over every item): the head's hand-set score picks the
+   best `depth` of them, the window's learned ranker re-scores those (hir_model.rank.ranker; the head's score alone
+   where no ranker was trained yet).
 3. The items the user already engaged with by end(t) (a cold user: its context) are removed unless `include_seen`.
 
 Items that arrived after end(t) (hir_model.rank.increment) are served once `with_increments` appends window t's published
@@ -37,7 +39,8 @@ import pyarrow as pa
 from hir_model.protocol.metrics import Ragged, in_sorted
 from hir_model.protocol.split import ItemSpace, Queries, warm_queries
 from hir_model.rank.coengagement import coengagement_rows, top_of_row
-from hir_model.rank.head import HeadConfig, head_scores, kernel_items, recent_items, warm_query
+from hir_model.rank.head import HeadConfig, kernel_items, recent_items, warm_query
+from hir_model.rank.ranker import ranked_scores
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head
 from hir_model.retrieval.index import DEFAULT_PROBE_FACTOR, Hit
 
@@ -78,14 +81,18 @@ class Recommender:
 
     def __init__(self, state: HeadState, user_rows: np.ndarray, has_row: np.ndarray, retriever=None, inductive=None,
                  inductive_loader=None, probe_factor: float | None = None, config: HeadConfig | None = None,
-                 budget_k: int = 100):
+                 budget_k: int = 100, variant: str = "hir"):
         """user_rows: (U, W) the published rows of state.history.user_ids (has_row: which exist); retriever: the window's
         BoM `Retriever` over the head's items in their order (None: exact only); inductive: an `InductiveEncoder` for
         cold users, or `inductive_loader()` making one on first use; config: other shares (e.g. embeddings_only);
-        budget_k: a top-k query takes the candidates of a top-max(k, budget_k) one (the budget is tuned at that k)."""
+        budget_k: a top-k query takes the candidates of a top-max(k, budget_k) one (the budget is tuned at that k);
+        variant: the learned ranker that re-scores the first stage's candidates ("hir"; "base": the ranker without HIR's
+        features over the base first stage, the evaluation's `ranker_base`), the first stage alone where none was trained."""
         self.state, self.user_rows, self.has_row = state, user_rows, has_row
         self.config = config or state.config
         self.items = state.items(self.config)
+        self.variant, self.ranker = variant, state.ranker(variant)
+        self.feats = state.feature_items()
         self.retriever, self._inductive, self._inductive_loader = retriever, inductive, inductive_loader
         self._lock = threading.Lock()
         if retriever is not None and not np.array_equal(retriever.item_ids, state.item_ids):
@@ -146,6 +153,7 @@ class Recommender:
                                              for inc, ok in zip(served, fits)]) if width else None
         other._new_has = np.concatenate([inc.has_content & ok for inc, ok in zip(served, fits)])
         other.items = self.state.items(self.config, other._new_vectors, new_content=other._arrival_content())
+        other.feats = self.state.feature_items(len(other._new_vectors), other._arrival_content())
         other.item_row = dict(self.item_row)
         other.item_row.update({e: self.n_items + i for i, e in enumerate(ids)})
         other.retriever = self.retriever.extended(ids, types, vectors, tokens) if self.retriever is not None else None
@@ -277,9 +285,12 @@ class Recommender:
         return self._space
 
     # scores ----------------------------------------------------------------------------------------------------
-    def scores(self, batch: Batch, columns: np.ndarray | None = None) -> np.ndarray:
-        """(Q, C) the head's scores over the item rows `columns` (None: every item)."""
-        return head_scores(batch.queries, self.items, self.config, batch.rows, batch.warm, batch.cold_vectors, columns)
+    def scores(self, batch: Batch, columns: np.ndarray | None = None, k: int = 0, include_seen: bool = False) -> np.ndarray:
+        """(Q, C) the one scoring path over the item rows `columns` (None: every item): the first stage, re-scored by the
+        learned ranker at its best max(depth, k) items the user has not engaged with (unless `include_seen`), -inf
+        elsewhere (hir_model.rank.ranker); the head's scores where no ranker was trained."""
+        return ranked_scores(self.variant, self.ranker, batch.queries, self.items, self.feats, self.state.base_co_weight,
+                             self.config, batch.rows, batch.warm, batch.cold_vectors, columns, k, include_seen)
 
     def query_vectors(self, batch: Batch) -> np.ndarray:
         """(Q, W) the vector each query probes the index with: the warm query, or the encoder's vector."""
@@ -366,7 +377,7 @@ class Recommender:
         lo, hi = self.scope_range(scope, upto)
         if exact:
             every = (lo, hi) == (0, self.n_items)
-            all_scores = self.scores(batch) if every else self.scores(batch, np.arange(lo, hi))
+            all_scores = self.scores(batch, None if every else np.arange(lo, hi), k, include_seen)
         out = []
         cands = None if exact else candidates or self.candidates(batch, k, probe_factor, include_seen, scope, upto)
         for q in range(len(batch.queries)):
@@ -374,7 +385,7 @@ class Recommender:
                 rows, s = np.arange(lo, hi), all_scores[q]
             else:
                 rows = cands[q]
-                s = self.scores(_one(batch, q), rows)[0]
+                s = self.scores(_one(batch, q), rows, k, include_seen)[0]
             if not include_seen:
                 keep = ~in_sorted(np.unique(seen.row(q)), rows)
                 rows, s = rows[keep], s[keep]
