@@ -18,8 +18,10 @@ from hir_model.graph.window import GRAPH_ASSET
 from hir_model.hierarchy.build import HIERARCHY_ASSET
 from hir_model.rank.bom_index import BomBuild, build_window_index
 from hir_model.rank.coengagement import COENGAGEMENT_WEIGHTS
+from hir_model.rank.examples import ranker_problems
 from hir_model.rank.fit import WEIGHTS
 from hir_model.rank.head import HeadConfig
+from hir_model.rank.ranker import RankerConfig
 from hir_model.rank.ranking_head import build_head_state
 from hir_model.rank.state import HEAD_ASSET, HeadState, write_head
 from hir_model.rank.track import TRACK_WEIGHTS
@@ -35,6 +37,7 @@ RECALL_CHECK = "bom_recall_at_100"
 HEAD_FINITE_CHECK = "head_finite"
 HEAD_COVERAGE_CHECK = "head_items_covered"
 HEAD_WEIGHTS_CHECK = "head_weights_in_grid"
+HEAD_RANKER_CHECK = "head_ranker_sound"
 RECALL_THRESHOLD = 0.9  # the bom_index recall check's default threshold (the asset's own setting, not the library's)
 
 
@@ -75,9 +78,11 @@ class BomIndexRun(Overrides):
         return self.apply(base)
 
 
-def publish_head(store, spec: WindowSpec, key: str, config: HeadConfig, gate=None) -> HeadState:
-    """Window `key`'s ranking_head state, fitted and published (`gate(state)` judges it before the commit)."""
-    state = build_head_state(store, spec, key, config)
+def publish_head(store, spec: WindowSpec, key: str, config: HeadConfig, gate=None,
+                 ranker: RankerConfig = RankerConfig()) -> HeadState:
+    """Window `key`'s ranking_head state with its learned rankers (`ranker`), fitted and published (`gate(state)` judges
+    it before the commit)."""
+    state = build_head_state(store, spec, key, config, ranker=ranker)
     with store.writing() as staging:
         write_head(staging.path(HEAD_ASSET, key), state)
         if gate:
@@ -151,6 +156,12 @@ def head_checks(state: HeadState) -> list[tuple[str, bool, str, dict]]:
           "coengagement_weight": float(state.coengagement_weight),
           "calibration_users": state.calibration.users if fitted else 0,
           "track_users": sum(r.users for r in state.track)}),
+        (HEAD_RANKER_CHECK, not (problems := ranker_problems(state.rankers, state.examples)),
+         "; ".join(problems) or (f"rankers {[r.variant for r in state.rankers]}: {state.ranker_note}; gain by feature "
+                                 + ", ".join(f"{r.variant}: " + " ".join(f"{k}={v:.0f}" for k, v in sorted(
+                                     r.importance.items(), key=lambda kv: -kv[1])[:5]) for r in state.rankers)),
+         {"rankers": len(state.rankers), "examples": 0 if state.examples is None else state.examples.num_rows,
+          "training_queries": max((r.trained.get("queries", 0) for r in state.rankers), default=0)}),
     ]
 
 
@@ -161,7 +172,9 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
         (HEAD_COVERAGE_CHECK, "every item the window knows has a unit vector; the history only holds those items, "
                               "before the window's end"),
         (HEAD_WEIGHTS_CHECK, "the prior's and the co-engagement's weights are in the grid of what chose them (the track "
-                             "record's, the held-out calibration's, or the configured one); shares in [0, 1]"))]
+                             "record's, the held-out calibration's, or the configured one); shares in [0, 1]"),
+        (HEAD_RANKER_CHECK, "the learned rankers read their variant's features, record each feature's importance and "
+                            "score their training examples finitely; the examples' features are finite or missing"))]
 
     @dg.asset(name=HEAD_ASSET, partitions_def=partitions, group_name=GROUP, kinds={"parquet"}, check_specs=partitioned(head_specs, partitions),
               backfill_policy=dg.BackfillPolicy.multi_run(1), retry_policy=STEP_RETRY,
@@ -186,6 +199,7 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
                       "temp": float(state.temp),
                       "structural_readout": summary["structural_readout"], "cold_prior": summary["cold_prior"],
                       "calibration": dg.MetadataValue.json(summary["calibration"] or {}),
+                      "ranker": state.ranker_note, "rankers": dg.MetadataValue.json(summary["rankers"]),
                       "config": dg.MetadataValue.json(summary["config"]),
                       "path": dg.MetadataValue.path(store.uri(HEAD_ASSET, window.key))})
 

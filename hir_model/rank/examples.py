@@ -121,3 +121,28 @@ def train_rankers(examples: list[pa.Table], config: RankerConfig) -> tuple[dict[
                                   config, trained)
         notes.append(f"{variant}: trained on {len(sizes)} queries of {len(trained['windows'])} windows")
     return out, "; ".join(notes)
+
+
+def ranker_problems(rankers: tuple[Ranker, ...], examples: pa.Table | None, sample: int = 2000) -> list[str]:
+    """What is wrong with a head's rankers (empty: nothing): features other than their variant's, importance not
+    recorded for every feature or all zero, an infinite example feature, a non-finite score of the examples."""
+    problems = []
+    if examples is not None:
+        try:
+            check_examples(examples, "examples")
+        except ValueError as exc:
+            problems.append(str(exc))
+    for r in rankers:
+        if r.features != variant_features(r.variant):
+            problems.append(f"{r.variant} ranker reads {list(r.features)}, not its variant's features")
+        gains = np.array([r.importance.get(n, np.nan) for n in r.features])
+        if not np.isfinite(gains).all() or gains.sum() <= 0:
+            problems.append(f"{r.variant} ranker's importance is not recorded for every feature: {r.importance}")
+        if examples is not None and examples.num_rows:
+            rows = examples.slice(0, sample)
+            x = np.column_stack([rows[n].to_numpy(zero_copy_only=False) for n in r.features]).astype(np.float32)
+            scores = r.predict(x)
+            if not np.isfinite(scores).all():
+                problems.append(f"{r.variant} ranker scores {int((~np.isfinite(scores)).sum())} of {len(x)} examples "
+                                f"non-finite")
+    return problems

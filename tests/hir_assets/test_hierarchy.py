@@ -17,7 +17,7 @@ import torch
 from hir_assets.events import build_ingest_assets
 from hir_assets.graph import build_graph_assets
 from hir_assets.hierarchy import ASSIGNED_CHECK, COLD_START_CHECK, FINITE_UNIT_CHECK, build_hierarchy_assets
-from hir_assets.index import (HEAD_COVERAGE_CHECK, HEAD_FINITE_CHECK, HEAD_WEIGHTS_CHECK, POSTING_SHARE_CHECK, RECALL_CHECK,
+from hir_assets.index import (HEAD_COVERAGE_CHECK, HEAD_FINITE_CHECK, HEAD_RANKER_CHECK, HEAD_WEIGHTS_CHECK, POSTING_SHARE_CHECK, RECALL_CHECK,
                               TOKENS_PER_LEVEL_CHECK, build_index_assets)
 from hir_assets.partitions import window_partitions
 from hir_assets.resources import LocalPartitionStorage, SourceResource
@@ -81,7 +81,8 @@ def test_assets_materialise_and_pass_checks(materialised):
         assert r.success
         evals = {e.check_name: e for e in r.get_asset_check_evaluations() if e.asset_key.to_user_string() in MINE}
         assert set(evals) == {FINITE_UNIT_CHECK, COLD_START_CHECK, ASSIGNED_CHECK, TOKENS_PER_LEVEL_CHECK, POSTING_SHARE_CHECK,
-                              RECALL_CHECK, HEAD_FINITE_CHECK, HEAD_COVERAGE_CHECK, HEAD_WEIGHTS_CHECK}
+                              RECALL_CHECK, HEAD_FINITE_CHECK, HEAD_COVERAGE_CHECK, HEAD_WEIGHTS_CHECK,
+                              HEAD_RANKER_CHECK}
         assert all(e.passed for e in evals.values()), {k: e.description for k, e in evals.items() if not e.passed}
     first, second = (metadata(r, EMBEDDINGS_ASSET) for r in results)
     assert first["by_type"] == {"advertiser": 1, "campaign": 1, "product": 2, "user": 2}

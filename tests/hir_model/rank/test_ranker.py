@@ -9,12 +9,13 @@ from functools import lru_cache
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from hir_model.eval.hir import HeadMethod
 from hir_model.protocol.method import US_PER_DAY
 from hir_model.protocol.split import Interactions, warm_queries
-from hir_model.rank.examples import EXAMPLES_SCHEMA, check_examples, train_rankers, window_examples
+from hir_model.rank.examples import EXAMPLES_SCHEMA, check_examples, ranker_problems, train_rankers, window_examples
 from hir_model.rank.features import BASE_FEATURES, ITEM_STATS, USER_STATS, item_stats, pair_features, user_stats
 from hir_model.rank.head import HeadConfig, head_scores
 from hir_model.rank.ranker import RankerConfig, base_scores, fit_ranker, ranked_scores
@@ -210,3 +211,17 @@ def test_served_candidates_score_as_the_exact_head_and_the_evaluation_do():
         np.testing.assert_array_equal(matrix[q, rows_q], scores_q)
         assert np.isfinite(matrix[q]).sum() <= CONFIG.depth  # the ranker re-scores the first stage's depth best
         assert not np.isfinite(matrix[q, batch.queries.context.row(q)]).any()  # engaged items are never re-scored
+
+
+def test_the_ranker_check_passes_a_sound_head_and_names_what_is_wrong():
+    state, _, _ = trained()
+    assert ranker_problems(state.rankers, state.examples) == []
+    hir = state.ranker("hir")
+    unrecorded = replace(hir, importance={})
+    assert "importance is not recorded" in " ".join(ranker_problems((unrecorded,), None))
+    swapped = replace(state.ranker("base"), features=hir.features)
+    assert "not its variant's features" in " ".join(ranker_problems((swapped,), None))
+    table = state.examples
+    bad = table.set_column(table.schema.get_field_index("kernel"), "kernel",
+                           pa.array(np.r_[np.inf, table["kernel"].to_numpy(zero_copy_only=False)[1:]], pa.float32()))
+    assert "feature kernel is infinite in rows [0]" in " ".join(ranker_problems(state.rankers, bad))
