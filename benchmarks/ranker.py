@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--ranker-set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a RankerConfig field (JSON value), e.g. --ranker-set rounds=200")
     parser.add_argument("--methods", help="comma-separated evaluation rows (default: the asset's)")
+    parser.add_argument("--no-index", action="store_true", help="re-publish the heads only (rows other than `hir`)")
     parser.add_argument("--evaluate-only", action="store_true", help="evaluate the heads published, re-publish nothing")
     parser.add_argument("--save-users", type=Path, metavar="FILE", help="write the per-user values (parquet)")
     parser.add_argument("--against", type=Path, metavar="FILE", help="compare with a run saved by --save-users")
@@ -81,10 +82,10 @@ def main() -> None:
             t1 = time.perf_counter()
             state = publish_head(store, spec, key, head, ranker=ranker)
             t2 = time.perf_counter()
-            build = publish_index(store, key, index)
+            recall = float("nan") if args.no_index else publish_index(store, key, index).recall.recall
             print(f"window={key} head_s={t2 - t1:.1f} index_s={time.perf_counter() - t2:.1f} "
                   f"examples={0 if state.examples is None else state.examples.num_rows} rankers="
-                  f"{','.join(r.variant for r in state.rankers) or '-'} bom_recall={build.recall.recall:.3f} "
+                  f"{','.join(r.variant for r in state.rankers) or '-'} bom_recall={recall:.3f} "
                   f"note={state.ranker_note!r}", flush=True)
         print(f"publish_s={time.perf_counter() - t0:.1f}", flush=True)
     config = WindowEvaluationRun().eval_config()

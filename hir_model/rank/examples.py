@@ -98,15 +98,16 @@ def check_examples(table: pa.Table, where: str) -> None:
 
 
 def train_rankers(examples: list[pa.Table], config: RankerConfig) -> tuple[dict[str, Ranker | None], str]:
-    """Per variant, a ranker trained on the examples (its first stage's picks, queries with at least one engaged item),
-    or None with the reason (too few queries, no examples)."""
+    """Per variant, a ranker trained on the examples (the candidates ranked_scores gives it: the base stage's picks,
+    with the head's too for hir; queries with at least one engaged item), or None with the reason (too few queries, no examples)."""
     tables = [t for t in examples if t is not None and t.num_rows]
     if not tables:
         return {v: None for v in VARIANTS}, "no earlier window's outcome yet: the head's hand-set score"
     frame = pa.concat_tables(tables).to_pandas()
     out, notes = {}, []
     for variant in VARIANTS:
-        part = frame[frame[f"in_{variant}"]]
+        picked = frame.in_base | frame.in_hir if variant == "hir" else frame.in_base  # as ranked_scores picks them
+        part = frame[picked]
         best = part.groupby(["window", "user_id"], sort=False).label.transform("max")
         part = part[best > 0].sort_values(["window", "user_id", "item"], kind="stable")
         sizes = part.groupby(["window", "user_id"], sort=False).size().to_numpy()

@@ -1,8 +1,9 @@
 """The learned ranker: LightGBM's LambdaRank over the head's candidates, the second stage of the one scoring path.
 
 The head's hand-set score (hir_model.rank.head) is the first stage: over the items a query may be answered from (every
-item, or the BoM index's candidates) it keeps the `depth` best the user has not engaged with; the ranker re-scores
-those from their features (hir_model.rank.features) and they are ranked by its score, ties broken by the first
+item, or the BoM index's candidates) it keeps the `depth` best the user has not engaged with, and with them the `depth`
+best of the base stage (`base_scores`: prior + co-engagement, what ranker_base re-scores), so the ranker never misses a
+candidate its ablation sees; the ranker re-scores those from their features (hir_model.rank.features) and they are ranked by its score, ties broken by the first
 stage's. Items outside the kept ones score -inf. Without a ranker (the first windows, before earlier windows' outcomes
 can train one) the first stage's score is the answer: today's head.
 
@@ -182,7 +183,8 @@ def ranked_scores(variant: str, ranker: Ranker | None, queries: Queries, items: 
                   include_seen: bool = False) -> np.ndarray:
     """(Q, C) float32 the one scoring path over the item rows `columns` (None: every item): the variant's first stage,
     then, with a ranker, its score of the first stage's best max(depth, k) columns a query has not engaged with (unless
-    `include_seen`), -inf elsewhere (module docstring). Without a ranker: the first stage's scores."""
+    `include_seen`; the hir variant: those of the base stage too), -inf elsewhere (module docstring). Without a ranker:
+    the first stage's scores."""
     first = first_stage(variant, queries, items, feats, co_weight, config, rows, warm, cold_vectors, columns)
     if ranker is None:
         return first
@@ -197,6 +199,10 @@ def ranked_scores(variant: str, ranker: Ranker | None, queries: Queries, items: 
             hit = (pos < len(cols)) & (cols[order][np.minimum(pos, len(cols) - 1)] == ctx)
             seen.append(np.sort(order[pos[hit]]))
     q, j = top_pairs(first, max(ranker.depth, k), seen)
+    if variant == "hir":  # the base stage's picks too: the ranker sees every candidate ranker_base sees, and HIR's
+        bq, bj = top_pairs(base_scores(queries, items, feats, co_weight, config, warm, columns), max(ranker.depth, k), seen)
+        key = np.unique(np.concatenate([q * len(cols) + j, bq * len(cols) + bj]))  # (query, column) pairs, once each
+        q, j = key // len(cols), key % len(cols)
     x = pair_features(ranker.features, queries, items, feats, config, rows, warm, cold_vectors, q, cols[j], first[q, j])
     out = np.full(first.shape, -np.inf, np.float32)
     out[q, j] = (ranker.predict(x) + TIE_BREAK * first[q, j]).astype(np.float32)
