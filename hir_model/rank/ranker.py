@@ -20,6 +20,7 @@ are deterministic at a fixed seed and thread count (`deterministic`, `force_col_
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,11 +131,13 @@ def fit_ranker(variant: str, x: np.ndarray, label: np.ndarray, group: np.ndarray
               "min_data_in_leaf": config.min_data_in_leaf, "label_gain": list(config.label_gain), "seed": config.seed,
               "deterministic": True, "force_col_wise": True, "num_threads": config.num_threads, "verbosity": -1,
               "feature_pre_filter": False, "lambdarank_truncation_level": config.depth}
+    start = time.perf_counter()
     data = lgb.Dataset(x, label, group=group, feature_name=list(names), free_raw_data=True)
     booster = lgb.train(params, data, num_boost_round=config.rounds)
     gain = booster.feature_importance("gain")
+    trained = {**(trained or {}), "fit_s": round(time.perf_counter() - start, 3)}  # a cost, not part of the model
     return Ranker(variant, booster.model_to_string(), names, config.depth,
-                  {n: float(g) for n, g in zip(names, gain)}, trained or {}, config.num_threads)
+                  {n: float(g) for n, g in zip(names, gain)}, trained, config.num_threads)
 
 
 def base_scores(queries: Queries, items: ItemSide, feats: FeatureItems, co_weight: float, config: HeadConfig,
