@@ -5,7 +5,9 @@ item, or the BoM index's candidates) it keeps the `depth` best the user has not 
 best of the base stage (`base_scores`: prior + co-engagement, what ranker_base re-scores), so the ranker never misses a
 candidate its ablation sees; the ranker re-scores those from their features (hir_model.rank.features) and they are ranked by its score, ties broken by the first
 stage's. Items outside the kept ones score -inf. Without a ranker (the first windows, before earlier windows' outcomes
-can train one) the first stage's score is the answer: today's head.
+can train one) the first stage's score is the answer: today's head. Cold users (served from a context, no published
+row) keep the first stage's score too: the ranker learns from warm users' outcomes, and applied to cold users it cost
+0.055 of Recall@20 on MovieLens's decision windows (docs/decisions.md, 2026-12-07).
 
 Two rankers per window, trained on the same examples (hir_model.rank.examples): `hir`, on HIR's features and the
 collaborative / counting ones, over the head's candidates; `base`, on the collaborative / counting features alone over
@@ -186,11 +188,19 @@ def ranked_scores(variant: str, ranker: Ranker | None, queries: Queries, items: 
                   include_seen: bool = False) -> np.ndarray:
     """(Q, C) float32 the one scoring path over the item rows `columns` (None: every item): the variant's first stage,
     then, with a ranker, its score of the first stage's best max(depth, k) columns a query has not engaged with (unless
-    `include_seen`; the hir variant: those of the base stage too), -inf elsewhere (module docstring). Without a ranker:
-    the first stage's scores."""
+    `include_seen`; the hir variant: those of the base stage too), -inf elsewhere (module docstring). Without a ranker,
+    and for cold queries (no published row: the ranker is trained on warm users' outcomes), the first stage's scores."""
     first = first_stage(variant, queries, items, feats, co_weight, config, rows, warm, cold_vectors, columns)
     if ranker is None:
         return first
+    if not warm.all():  # cold queries keep the first stage's scores: the ranker learned from warm users only
+        out = first.copy()
+        hot = np.flatnonzero(warm)
+        if len(hot):
+            sub = queries.take(hot)
+            out[hot] = ranked_scores(variant, ranker, sub, items, feats, co_weight, config, rows[hot], warm[hot],
+                                     None if cold_vectors is None else cold_vectors[hot], columns, k, include_seen)
+        return out
     cols = np.arange(len(items)) if columns is None else np.asarray(columns, np.int64)
     seen = None
     if not include_seen:

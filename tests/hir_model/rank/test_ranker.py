@@ -225,3 +225,17 @@ def test_the_ranker_check_passes_a_sound_head_and_names_what_is_wrong():
     bad = table.set_column(table.schema.get_field_index("kernel"), "kernel",
                            pa.array(np.r_[np.inf, table["kernel"].to_numpy(zero_copy_only=False)[1:]], pa.float32()))
     assert "feature kernel is infinite in rows [0]" in " ".join(ranker_problems(state.rankers, bad))
+
+
+def test_cold_queries_keep_the_heads_score_and_warm_ones_are_unchanged_beside_them():
+    state, rows, _ = trained()
+    q = warm_queries(state.history, np.arange(12))
+    feats, items, ranker = state.feature_items(), state.items(), state.ranker("hir")
+    warm = np.arange(12) % 3 != 0  # every third query served as a cold user (its row as the encoder's vector)
+    mixed = ranked_scores("hir", ranker, q, items, feats, state.base_co_weight, HEAD, rows[:12], warm, rows[:12])
+    first = head_scores(q, items, HEAD, rows[:12], warm, rows[:12])
+    np.testing.assert_array_equal(mixed[~warm], first[~warm])
+    alone = ranked_scores("hir", ranker, q.take(np.flatnonzero(warm)), items, feats, state.base_co_weight, HEAD,
+                          rows[:12][warm], np.ones(warm.sum(), bool), None)
+    np.testing.assert_array_equal(mixed[warm], alone)
+    assert np.isinf(mixed[warm]).any() and not np.isinf(mixed[~warm]).any()  # re-scored best ones only where warm
