@@ -239,3 +239,19 @@ def test_cold_queries_keep_the_heads_score_and_warm_ones_are_unchanged_beside_th
                           rows[:12][warm], np.ones(warm.sum(), bool), None)
     np.testing.assert_array_equal(mixed[warm], alone)
     assert np.isinf(mixed[warm]).any() and not np.isinf(mixed[~warm]).any()  # re-scored best ones only where warm
+
+
+def test_examples_are_the_unseen_candidates_graded_by_the_next_window():
+    # u0 engaged items 0, 1; u1 item 0. Next window: u0 converts on 2 and clicks 3 (and 0 again: not a target);
+    # u1 clicks 1. u2 is unknown to the head (no example).
+    h = interactions([0, 0, 1], [0, 1, 0], [2.0, 1.0, 1.0], [False, False, False], 2, 5)
+    state = fit_head(h, np.array([f"i{j}" for j in range(5)], object), np.array(["product"] * 5, object),
+                     _unit(np.random.default_rng(1).normal(size=(5, 4))), None, 0.0, None, HEAD)
+    later = pd.DataFrame({"user_id": ["u000", "u000", "u000", "u001", "u002"], "item": [2, 3, 0, 1, 4],
+                          "deep": [True, False, True, False, True]})
+    ex = window_examples(state, _unit(np.ones((2, 4))), np.ones(2, bool), later, RankerConfig(depth=10)).to_pandas()
+    got = {(u, int(i)): int(g) for u, i, g in zip(ex.user_id, ex["item"], ex.label)}
+    assert got == {("u000", 2): 2, ("u000", 3): 1, ("u000", 4): 0,  # item 0 and 1 already engaged: never candidates
+                   ("u001", 1): 1, ("u001", 2): 0, ("u001", 3): 0, ("u001", 4): 0}
+    assert ex.in_hir.all() and ex.in_base.all()  # depth 10 > the 5 items: every unseen item from both stages
+    assert (ex.window == "w").all()
