@@ -51,7 +51,8 @@ def test_windows_with_a_successor_materialise_with_hir_beside_the_baselines(eval
     assert "95% CI" in meta["comparisons"] and isinstance(meta["hir_exact_warm_deep_recall20"], float)
     assert str(meta["report"]).endswith("_reports/evaluation.html")
     ev, extras = read_evaluation(store, KEYS[0])
-    assert ev.methods == ("hir_exact", "hir_embeddings", "popularity", "item2item_recent", "content", "mf_als", "lightgcn") and extras["hir"]["cold_users_encoded"] >= 1
+    assert ev.methods == ("hir_exact", "hir_embeddings", "ranker_base", "popularity", "item2item_recent", "content", "mf_als", "lightgcn") \
+        and extras["hir"]["cold_users_encoded"] >= 1
     assert {p.name for p in store.files(EVALUATION_ASSET, KEYS[0])} == {f"{METRICS_FILE}.parquet", "summary.parquet", "users.parquet", STATE_FILE}
     # W1 warm-starts the stateful baselines from W0's saved state (strictly earlier), W0 from nothing
     assert materialisation(first)["warm_started_from"] == {}
@@ -130,7 +131,7 @@ def test_hirs_metadata_reports_the_published_ranking_head(tmp_path):
     hir_on, hir_off = materialisation(on)["hir"], materialisation(off)["hir"]
     assert hir_on["prior_scale"] == pytest.approx(0.1) and hir_off["prior_scale"] == 0.0
     assert hir_on["head"]["config"]["recent_weight"] == 0.7 and hir_off["head"]["config"]["recent_weight"] == 0.0
-    assert hir_on["rows"] == ["hir_exact", "hir_embeddings"]  # no bom_index in this store: no served row
+    assert hir_on["rows"] == ["hir_exact", "hir_embeddings", "ranker_base"]  # no bom_index in this store: no served row
     assert "bom_index" in hir_on["served"]
     # this store's encoder reads no structural encodings: no structural readout, so no new users' prior either
     assert hir_on["head"]["structural_readout"] is False and hir_on["head"]["cold_prior"] is False
