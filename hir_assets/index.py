@@ -42,7 +42,8 @@ RECALL_THRESHOLD = 0.9  # the bom_index recall check's default threshold (the as
 
 
 class RankingHeadRun(Overrides):
-    """Overrides of HeadConfig (hir_model.rank.head), where the defaults and their meaning are declared."""
+    """Overrides of HeadConfig (hir_model.rank.head) and RankerConfig (hir_model.rank.ranker), where the defaults and
+    their meaning are declared."""
 
     zero_means_none: ClassVar[frozenset[str]] = frozenset({"calibrate_days", "cold_prior_days", "track_min_users",
                                                          "rows_track_min_users", "prior_half_life_days"})
@@ -57,8 +58,15 @@ class RankingHeadRun(Overrides):
     kernel_weight: Optional[float] = None  # a warm user's score: the interest kernel's share; 0: off
     cold_structure_weight: Optional[float] = None  # a cold user's score: the structural readout's share; 0: off
     cold_prior_days: Optional[float] = None  # cold users' prior from their users' first days; 0: the warm users' prior
+    enabled: Optional[bool] = None  # the learned ranker (RankerConfig, hir_model.rank.ranker); false: the hand-set head
+    depth: Optional[int] = None  # first-stage candidates the ranker re-scores per user
+    num_leaves: Optional[int] = None  # the ranker's tree size
+    rounds: Optional[int] = None  # its boosting rounds
 
     def head_config(self, base: HeadConfig = HeadConfig()) -> HeadConfig:
+        return self.apply(base)
+
+    def ranker_config(self, base: RankerConfig = RankerConfig()) -> RankerConfig:
         return self.apply(base)
 
 
@@ -185,7 +193,7 @@ def build_index_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
         """The state HIR's ranking head scores with at the window's end: items' vectors and priors, fitted weights, history."""
         window, store = window_of(context), storage.store()
         gate = Gate(context, head_results)
-        state = publish_head(store, spec_at_load, window.key, config.head_config(), gate)
+        state = publish_head(store, spec_at_load, window.key, config.head_config(), gate, config.ranker_config())
         context.log.info(f"ranking head {window.key}: {state.n_items} items, {state.history.n_users} users, prior weight "
                          f"{state.prior_weight:g} from {state.prior_source} (rows alone {state.rows_prior_weight:g} from "
                          f"{state.rows_source}), "

@@ -19,12 +19,13 @@ from hir_model.embed import EmbedConfig
 from hir_model.eval.window_evaluation import WindowEvalConfig
 from hir_model.hierarchy import AssignConfig, HierarchyConfig
 from hir_model.rank.head import HeadConfig
+from hir_model.rank.ranker import RankerConfig
 from hir_model.retrieval import IndexConfig
 from hir_model.storage import PartitionStore
 
 # run config -> (its method giving the library config, the dataclasses its overrides land on)
 RUNS = {
-    RankingHeadRun: ("head_config", (HeadConfig,)),
+    RankingHeadRun: ("head_config", (HeadConfig, RankerConfig)),
     BomIndexRun: ("index_config", (IndexConfig,)),
     EntityEmbeddingsRun: ("embed_config", (EmbedConfig,)),
     InterestHierarchyRun: ("hierarchy_config", (HierarchyConfig, AssignConfig)),
@@ -100,3 +101,9 @@ def test_hir_encoder_passes_only_what_the_run_sets(tmp_path: Path):
     args = entry_args(store, "2024-01-14", out, "2024-01-07", {"steps": 12}, HirEncoderRun(steps=4, levels="2,4"))
     assert args[args.index("--steps") + 1] == "4" and args[args.index("--levels") + 1] == "2,4"
     assert args[args.index("--overrides") + 1] == '{"steps": 12}' and args[args.index("--init") + 1].endswith("checkpoint.pt")
+
+
+def test_the_ranking_heads_run_config_reaches_the_ranker():
+    assert RankingHeadRun().ranker_config() == RankerConfig()
+    ranker = RankingHeadRun(enabled=False, rounds=30).ranker_config()
+    assert not ranker.enabled and ranker.rounds == 30 and ranker.num_leaves == RankerConfig().num_leaves
