@@ -185,11 +185,13 @@ def top_pairs(first: np.ndarray, depth: int, seen: list[np.ndarray] | None) -> t
 def ranked_scores(variant: str, ranker: Ranker | None, queries: Queries, items: ItemSide, feats: FeatureItems,
                   co_weight: float, config: HeadConfig, rows: np.ndarray, warm: np.ndarray,
                   cold_vectors: np.ndarray | None, columns: np.ndarray | None = None, k: int = 0,
-                  include_seen: bool = False) -> np.ndarray:
+                  include_seen: bool = False, allowed: np.ndarray | None = None) -> np.ndarray:
     """(Q, C) float32 the one scoring path over the item rows `columns` (None: every item): the variant's first stage,
     then, with a ranker, its score of the first stage's best max(depth, k) columns a query has not engaged with (unless
     `include_seen`; the hir variant: those of the base stage too), -inf elsewhere (module docstring). Without a ranker,
-    and for cold queries (no published row: the ranker is trained on warm users' outcomes), the first stage's scores."""
+    and for cold queries (no published row: the ranker is trained on warm users' outcomes), the first stage's scores.
+    `allowed`: (Q, C) bool, the columns each query may pick from (its own candidates when queries with different
+    candidates are scored over their union in one call; None: all)."""
     first = first_stage(variant, queries, items, feats, co_weight, config, rows, warm, cold_vectors, columns)
     if ranker is None:
         return first
@@ -199,7 +201,8 @@ def ranked_scores(variant: str, ranker: Ranker | None, queries: Queries, items: 
         if len(hot):
             sub = queries.take(hot)
             out[hot] = ranked_scores(variant, ranker, sub, items, feats, co_weight, config, rows[hot], warm[hot],
-                                     None if cold_vectors is None else cold_vectors[hot], columns, k, include_seen)
+                                     None if cold_vectors is None else cold_vectors[hot], columns, k, include_seen,
+                                     None if allowed is None else allowed[hot])
         return out
     cols = np.arange(len(items)) if columns is None else np.asarray(columns, np.int64)
     seen = None
@@ -211,9 +214,11 @@ def ranked_scores(variant: str, ranker: Ranker | None, queries: Queries, items: 
             pos = np.searchsorted(cols[order], ctx)
             hit = (pos < len(cols)) & (cols[order][np.minimum(pos, len(cols) - 1)] == ctx)
             seen.append(np.sort(order[pos[hit]]))
-    q, j = top_pairs(first, max(ranker.depth, k), seen)
+    mask = (lambda x: x) if allowed is None else (lambda x: np.where(allowed, x, -np.inf))  # noqa: E731
+    q, j = top_pairs(mask(first), max(ranker.depth, k), seen)
     if variant == "hir":  # the base stage's picks too: the ranker sees every candidate ranker_base sees, and HIR's
-        bq, bj = top_pairs(base_scores(queries, items, feats, co_weight, config, warm, columns), max(ranker.depth, k), seen)
+        base = base_scores(queries, items, feats, co_weight, config, warm, columns)
+        bq, bj = top_pairs(mask(base), max(ranker.depth, k), seen)
         key = np.unique(np.concatenate([q * len(cols) + j, bq * len(cols) + bj]))  # (query, column) pairs, once each
         q, j = key // len(cols), key % len(cols)
     x = pair_features(ranker.features, queries, items, feats, config, rows, warm, cold_vectors, q, cols[j], first[q, j])

@@ -380,9 +380,20 @@ class Recommender:
             all_scores = self.scores(batch, None if every else np.arange(lo, hi), k, include_seen)
         out = []
         cands = None if exact else candidates or self.candidates(batch, k, probe_factor, include_seen, scope, upto)
+        if not exact and self.ranker is not None and len(cands) > 1:  # one ranker call over the union of candidates
+            union = np.unique(np.concatenate(cands)) if cands else np.zeros(0, np.int64)
+            at = [np.searchsorted(union, c) for c in cands]
+            allowed = np.zeros((len(cands), len(union)), bool)
+            for q, a in enumerate(at):
+                allowed[q, a] = True
+            together = ranked_scores(self.variant, self.ranker, batch.queries, self.items, self.feats,
+                                     self.state.base_co_weight, self.config, batch.rows, batch.warm, batch.cold_vectors,
+                                     union, k, include_seen, allowed)
         for q in range(len(batch.queries)):
             if exact:
                 rows, s = np.arange(lo, hi), all_scores[q]
+            elif not exact and self.ranker is not None and len(cands) > 1:
+                rows, s = cands[q], together[q, at[q]]
             else:
                 rows = cands[q]
                 s = self.scores(_one(batch, q), rows, k, include_seen)[0]

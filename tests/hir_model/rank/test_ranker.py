@@ -255,3 +255,18 @@ def test_examples_are_the_unseen_candidates_graded_by_the_next_window():
                    ("u001", 1): 1, ("u001", 2): 0, ("u001", 3): 0, ("u001", 4): 0}
     assert ex.in_hir.all() and ex.in_base.all()  # depth 10 > the 5 items: every unseen item from both stages
     assert (ex.window == "w").all()
+
+
+def test_served_queries_ranked_together_answer_as_each_alone():
+    state, rows, _ = trained()
+    rec = Recommender(state, rows, np.ones(len(rows), bool))
+    batch = rec.user_batch(list(state.history.user_ids[:15]))
+    rng = np.random.default_rng(3)
+    cands = [np.sort(rng.choice(np.setdiff1d(np.arange(state.n_items), batch.queries.context.row(q)), 30, replace=False))
+             for q in range(15)]  # each user's own candidates, as the index would give them
+    together = rec.top(batch, 10, candidates=cands)
+    for q in range(15):
+        rows_q, scores_q = rec.top(batch.one(q), 10, candidates=[cands[q]])[0]
+        np.testing.assert_array_equal(together[q][0], rows_q)
+        np.testing.assert_allclose(together[q][1], scores_q, rtol=1e-6)
+        assert set(rows_q) <= set(cands[q])
