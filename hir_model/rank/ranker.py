@@ -48,12 +48,14 @@ class RankerConfig:
     learning_rate: float = 0.05
     min_data_in_leaf: int = 100  # examples a leaf holds at least (a window gives ~30 judged users x ~150 candidates)
     label_gain: tuple[float, ...] = (0.0, 1.0, 3.0)  # gain of grade 0 (no event), 1 (engagement), 2 (deep funnel)
+    truncation_level: int = 100  # LambdaRank weighs the pairs within a query's top this many (its cost grows with it)
     seed: int = 0
     num_threads: int = 1  # fixed: LightGBM's result depends on it; 1 on 2 shared cores
 
     def __post_init__(self) -> None:
         ints = {"depth": self.depth, "max_users": self.max_users, "windows": self.windows, "num_leaves": self.num_leaves,
-                "rounds": self.rounds, "min_queries": self.min_queries, "num_threads": self.num_threads}
+                "rounds": self.rounds, "min_queries": self.min_queries, "num_threads": self.num_threads,
+                "truncation_level": self.truncation_level}
         if any(v < 1 for v in ints.values()) or self.num_leaves < 2 or not 0 < self.learning_rate <= 1:
             raise ValueError(f"RankerConfig: {ints} must be >= 1 (num_leaves >= 2), learning_rate in (0, 1], got "
                              f"{self.learning_rate}")
@@ -132,7 +134,7 @@ def fit_ranker(variant: str, x: np.ndarray, label: np.ndarray, group: np.ndarray
     params = {"objective": "lambdarank", "num_leaves": config.num_leaves, "learning_rate": config.learning_rate,
               "min_data_in_leaf": config.min_data_in_leaf, "label_gain": list(config.label_gain), "seed": config.seed,
               "deterministic": True, "force_col_wise": True, "num_threads": config.num_threads, "verbosity": -1,
-              "feature_pre_filter": False, "lambdarank_truncation_level": config.depth}
+              "feature_pre_filter": False, "lambdarank_truncation_level": config.truncation_level}
     start = time.perf_counter()
     data = lgb.Dataset(x, label, group=group, feature_name=list(names), free_raw_data=True)
     booster = lgb.train(params, data, num_boost_round=config.rounds)
