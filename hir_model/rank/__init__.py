@@ -2,6 +2,9 @@
 
 head.py         head_scores: the one function that scores items for a user state (warm: row + recent items + interest
                 kernel + item prior + co-engagement; cold: the encoder's vector + structural readout + new users' prior)
+ranker.py       the learned ranker (LightGBM LambdaRank): ranked_scores, the one scoring path (head first, ranker second)
+features.py     its features of (user, item) pairs: HIR's and collaborative / counting ones
+examples.py     its training data: head(t-1)'s candidates graded by window t, and the rankers trained on them
 fit.py          the state's fitted parts at end(t): item priors, the prior's weight on window t's last days
 coengagement.py the head's item-to-item co-engagement term (the similarity item2item_recent reads)
 track.py        the weights from earlier heads' track records (head(t-1) judged on window t)
@@ -11,7 +14,7 @@ artefacts.py    what HIR publishes for window t (embeddings, checkpoint, graph, 
 inductive.py    the frozen encoder on what it never embedded: cold users from a context, items without a row
 cold_tokens.py  a cold user's token arrays while inductive.py assembles its sequence
 increment.py    a day's arrivals after end(t) placed in window t's space (what the `catalog_increment` asset computes)
-recommender.py  Recommender: BoM candidates -> head scores -> engaged items removed (hir retrieve, hir serve, evaluation);
+recommender.py  Recommender: BoM candidates -> ranked_scores -> engaged items removed (hir retrieve, hir serve, evaluation);
                 with_increments appends the arrivals
 context.py      a served user's context from the command line or a file
 tune.py         served top-k vs the head's exact top-k, and the candidate budget that reaches a target
