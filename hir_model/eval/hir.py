@@ -146,15 +146,16 @@ class HeadMethod:
         known = np.array([rec.knows(u) for u in queries.user_ids], bool)
         warm_batch = rec.user_batch(list(queries.user_ids[known])) if known.any() else None
         warm_at = np.cumsum(known) - 1  # each known query's row in warm_batch
-        ctx = queries.context
+        ctx, cold = queries.context, np.flatnonzero(~known)
+        cold_batch = None
+        if len(cold):  # one encoder pass for every cold query, each context within what was published at its as_of
+            contexts = [[ContextEvent(str(items.ids[i]), int(t), bool(d)) for i, t, d in
+                         zip(ctx.idx[ctx.ptr[q]:ctx.ptr[q + 1]], queries.context_ts[ctx.ptr[q]:ctx.ptr[q + 1]],
+                             queries.context_deep[ctx.ptr[q]:ctx.ptr[q + 1]])] for q in cold]
+            cold_batch = rec.context_batch(contexts, [str(u) for u in queries.user_ids[cold]], upto=upto[cold])
+        cold_at = np.cumsum(~known) - 1  # each cold query's row in cold_batch
         for q in range(len(queries)):
-            if known[q]:
-                batch = warm_batch.one(int(warm_at[q]))
-            else:
-                lo, hi = ctx.ptr[q], ctx.ptr[q + 1]
-                events = [ContextEvent(str(items.ids[i]), int(t), bool(d)) for i, t, d in
-                          zip(ctx.idx[lo:hi], queries.context_ts[lo:hi], queries.context_deep[lo:hi])]
-                batch = rec.context_batch([events], [str(queries.user_ids[q])], upto=int(upto[q]))
+            batch = warm_batch.one(int(warm_at[q])) if known[q] else cold_batch.one(int(cold_at[q]))
             rows, scores = rec.top(batch, self.depth, scope="new", upto=int(upto[q]))[0]
             col = column[rows - rec.n_window]
             out[q, col[col >= 0]] = scores[col >= 0]

@@ -237,13 +237,14 @@ class Recommender:
         return Batch(queries, warm, self.user_rows[idx], cold_vectors)
 
     def context_batch(self, contexts: list[list[ContextEvent]], user_ids: list[str] | None = None,
-                      upto: int | None = None) -> Batch:
-        """Users served from their context (events on the served items, within the first `upto` rows; other ids are left
-        out, see `unknown_items`)."""
+                      upto: int | Sequence[int] | np.ndarray | None = None) -> Batch:
+        """Users served from their context (events on the served items, within the first `upto` rows, one bound for all
+        or one per context; other ids are left out, see `unknown_items`)."""
         user_ids = user_ids or [f"context:{i}" for i in range(len(contexts))]
-        limit = self.n_items if upto is None else upto
+        limits = np.broadcast_to(np.asarray(self.n_items if upto is None else upto, np.int64), (len(contexts),))
         rows, items, ts, deep = [], [], [], []
         for q, events in enumerate(contexts):
+            limit = int(limits[q])
             known = [e for e in events if self.item_row.get(e.entity_id, limit) < limit]
             stamps = _stamps(known, self.state.end_us)
             order = np.argsort(stamps, kind="stable")

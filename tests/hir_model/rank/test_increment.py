@@ -167,6 +167,14 @@ def test_increments_stack_and_upto_serves_what_was_published_then(built):
     assert [two.item_ids[r] for r in rows] == ["p6"]  # only what was published by then
     rows, _ = two.top(batch, 10, scope="new")[0]
     assert sorted(two.item_ids[r] for r in rows) == ["p6", "p8", "p9"]
+    contexts = [[ContextEvent("p1"), ContextEvent("p8", deep=True)]] * 2
+    bounds = (two.n_window + 1, two.n_items)  # before p8 was published, and after
+    both = two.context_batch(contexts, ["c1", "c2"], upto=np.array(bounds))
+    assert two.item_row["p8"] not in both.queries.context.row(0) and two.item_row["p8"] in both.queries.context.row(1)
+    for q, bound in enumerate(bounds):  # one batch with a bound per context = each context alone
+        alone = two.context_batch(contexts[:1], [f"c{q + 1}"], upto=bound)
+        assert list(both.queries.context.row(q)) == list(alone.queries.context.row(0))
+        np.testing.assert_allclose(both.cold_vectors[q], alone.cold_vectors[0], atol=1e-5)
     with pytest.raises(ValueError, match="serves these ids already"):
         two.with_increments([_fake(build.increment, ["p8"], vectors[:1])])
     branch = one.with_increments([_fake(build.increment, ["q1"], vectors[:1] / np.linalg.norm(vectors[0]))])
