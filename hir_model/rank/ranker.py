@@ -207,6 +207,8 @@ def ranked_scores(variant: str, ranker: Ranker | None, queries: Queries, items: 
                                      None if allowed is None else allowed[hot])
         return out
     cols = np.arange(len(items)) if columns is None else np.asarray(columns, np.int64)
+    if not len(cols):  # nothing to rank (e.g. no arrival published yet at a past moment)
+        return first
     seen = None
     if not include_seen:
         order = np.argsort(cols, kind="stable")

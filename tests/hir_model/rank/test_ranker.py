@@ -239,6 +239,9 @@ def test_cold_queries_keep_the_heads_score_and_warm_ones_are_unchanged_beside_th
                           rows[:12][warm], np.ones(warm.sum(), bool), None)
     np.testing.assert_array_equal(mixed[warm], alone)
     assert np.isinf(mixed[warm]).any() and not np.isinf(mixed[~warm]).any()  # re-scored best ones only where warm
+    none = ranked_scores("hir", ranker, q, items, feats, state.base_co_weight, HEAD, rows[:12], np.ones(12, bool), None,
+                         np.zeros(0, np.int64), 20)
+    assert none.shape == (12, 0)  # no columns (no arrival published yet): an empty answer, not an error
 
 
 def test_examples_are_the_unseen_candidates_graded_by_the_next_window():
