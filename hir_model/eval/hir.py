@@ -9,7 +9,8 @@
   increment that carries it, as the cadence places it in time (hir_model.rank.increment: from its arrival or from its
   day's end, plus the lag). Without increments, items first seen in t+1 are never served.
 - `hir_exact`: the head over every item (items first seen in t+1 placed by their content among window t's warm products,
-  at the priors' floor, with the head's content term): what the served path approximates.
+  at the priors' floor, with the head's content term): what the served path approximates. The learned ranker re-scores
+  the first stage's best items of each group apart, the known ones and the new ones, as the served scopes do.
 - `hir_embeddings`: the published rows (encoder vectors for cold users) plus the item prior at its own weight
   (HeadState.rows_prior_weight), no recent items, no kernel, no structural readout, no content term: what the learned
   representation carries on its own.
@@ -78,8 +79,15 @@ class HeadMethod:
         side = self.item_side(items)
         if self.mode == "embeddings":
             return head_scores(queries, side, self.config, *self._users(queries, items))
-        return ranked_scores(self.variant, self.rec.state.ranker(self.variant), queries, side, self._items[2],
-                             self.rec.state.base_co_weight, self.config, *self._users(queries, items))
+        ranker, users = self.rec.state.ranker(self.variant), self._users(queries, items)
+        if ranker is None or len(items) == items.n_known:
+            return ranked_scores(self.variant, ranker, queries, side, self._items[2], self.rec.state.base_co_weight,
+                                 self.config, *users)
+        out = np.empty((len(queries), len(items)), np.float32)
+        for cols in (np.arange(items.n_known), np.arange(items.n_known, len(items))):  # the served scopes: window, new
+            out[:, cols] = ranked_scores(self.variant, ranker, queries, side, self._items[2],
+                                         self.rec.state.base_co_weight, self.config, *users, cols)
+        return out
 
     def score_pairs(self, queries: Queries, items: ItemSpace, q: np.ndarray, c: np.ndarray) -> np.ndarray:
         """(P,) score(queries, items)[q, c], the same values, without the interest kernel's soft maximum over every item

@@ -273,3 +273,38 @@ def test_served_queries_ranked_together_answer_as_each_alone():
         np.testing.assert_array_equal(together[q][0], rows_q)
         np.testing.assert_allclose(together[q][1], scores_q, rtol=1e-6)
         assert set(rows_q) <= set(cands[q])
+
+
+class _PlacedItems:
+    """The new items' placement the evaluation asks the encoder for, fixed here: the head's vectors, then given ones."""
+
+    def __init__(self, vectors: np.ndarray, new: np.ndarray):
+        self.vectors, self.new = vectors, new
+
+    def item_vectors(self, items) -> np.ndarray:
+        return np.vstack([self.vectors, self.new]).astype(np.float32)
+
+
+def test_the_exact_row_ranks_new_items_among_themselves_as_the_served_scope_does():
+    """hir_exact over known + new items: the ranker's top-depth pick is made in each group, so a new item is not left
+    unscored because the known items' first-stage scores are higher."""
+    from hir_model.protocol.split import ItemSpace
+
+    state, rows, _ = trained()
+    rec = Recommender(state, rows, np.ones(len(rows), bool))
+    rng = np.random.default_rng(3)
+    new = rng.normal(size=(150, state.vectors.shape[1]))
+    new /= np.linalg.norm(new, axis=1, keepdims=True)
+    n, m = state.n_items, len(new)
+    ids = np.concatenate([state.item_ids, np.array([f"zz{j:03d}" for j in range(m)], object)])
+    items = ItemSpace(ids, n, np.full(n + m, -1, np.int64), np.zeros(0, object))
+    method = HeadMethod(rec, _PlacedItems(state.vectors, new), "hir_exact")
+    users = list(state.history.user_ids[:10])
+    queries = rec.user_batch(users).queries
+    scores = method.score(queries, items)
+    side, feats = method.item_side(items), method._items[2]
+    q_rows = rec.user_batch(users).rows
+    alone = ranked_scores("hir", state.ranker("hir"), queries, side, feats, state.base_co_weight, method.config, q_rows,
+                          np.ones(10, bool), None, np.arange(n, n + m))
+    np.testing.assert_array_equal(scores[:, n:], alone)  # the new group ranked as scope "new" ranks it
+    assert (np.isfinite(scores[:, n:]).sum(axis=1) >= CONFIG.depth).all()  # at least depth new items scored per user
