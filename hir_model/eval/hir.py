@@ -80,14 +80,15 @@ class HeadMethod:
         if self.mode == "embeddings":
             return head_scores(queries, side, self.config, *self._users(queries, items))
         ranker, users = self.rec.state.ranker(self.variant), self._users(queries, items)
-        if ranker is None or len(items) == items.n_known:
+
+        def ranked(cols: np.ndarray | None) -> np.ndarray:
             return ranked_scores(self.variant, ranker, queries, side, self._items[2], self.rec.state.base_co_weight,
-                                 self.config, *users)
-        out = np.empty((len(queries), len(items)), np.float32)
-        for cols in (np.arange(items.n_known), np.arange(items.n_known, len(items))):  # the served scopes: window, new
-            out[:, cols] = ranked_scores(self.variant, ranker, queries, side, self._items[2],
-                                         self.rec.state.base_co_weight, self.config, *users, cols)
-        return out
+                                 self.config, *users, cols)
+
+        if ranker is None or len(items) == items.n_known:
+            return ranked(None)
+        known, new = np.arange(items.n_known), np.arange(items.n_known, len(items))  # the served scopes: window, new
+        return np.concatenate([ranked(known), ranked(new)], axis=1)
 
     def score_pairs(self, queries: Queries, items: ItemSpace, q: np.ndarray, c: np.ndarray) -> np.ndarray:
         """(P,) score(queries, items)[q, c], the same values, without the interest kernel's soft maximum over every item

@@ -286,12 +286,13 @@ class Recommender:
         return self._space
 
     # scores ----------------------------------------------------------------------------------------------------
-    def scores(self, batch: Batch, columns: np.ndarray | None = None, k: int = 0, include_seen: bool = False) -> np.ndarray:
+    def scores(self, batch: Batch, columns: np.ndarray | None = None, k: int = 0, include_seen: bool = False,
+               allowed: np.ndarray | None = None) -> np.ndarray:
         """(Q, C) the one scoring path over the item rows `columns` (None: every item): the first stage, re-scored by the
-        learned ranker at its best max(depth, k) items the user has not engaged with (unless `include_seen`), -inf
-        elsewhere (hir_model.rank.ranker); the head's scores where no ranker was trained."""
+        learned ranker at its best max(depth, k) items the user has not engaged with (unless `include_seen`) and
+        `allowed` (Q, C) to pick, -inf elsewhere (hir_model.rank.ranker); the head's scores where no ranker was trained."""
         return ranked_scores(self.variant, self.ranker, batch.queries, self.items, self.feats, self.state.base_co_weight,
-                             self.config, batch.rows, batch.warm, batch.cold_vectors, columns, k, include_seen)
+                             self.config, batch.rows, batch.warm, batch.cold_vectors, columns, k, include_seen, allowed)
 
     def query_vectors(self, batch: Batch) -> np.ndarray:
         """(Q, W) the vector each query probes the index with: the warm query, or the encoder's vector."""
@@ -381,20 +382,19 @@ class Recommender:
             all_scores = self.scores(batch, None if every else np.arange(lo, hi), k, include_seen)
         out = []
         cands = None if exact else candidates or self.candidates(batch, k, probe_factor, include_seen, scope, upto)
-        if not exact and self.ranker is not None and len(cands) > 1:  # one ranker call over the union of candidates
-            union = np.unique(np.concatenate(cands)) if cands else np.zeros(0, np.int64)
+        together = not exact and self.ranker is not None and len(cands) > 1  # one ranker call over the union of candidates
+        if together:
+            union = np.unique(np.concatenate(cands))
             at = [np.searchsorted(union, c) for c in cands]
             allowed = np.zeros((len(cands), len(union)), bool)
             for q, a in enumerate(at):
                 allowed[q, a] = True
-            together = ranked_scores(self.variant, self.ranker, batch.queries, self.items, self.feats,
-                                     self.state.base_co_weight, self.config, batch.rows, batch.warm, batch.cold_vectors,
-                                     union, k, include_seen, allowed)
+            union_scores = self.scores(batch, union, k, include_seen, allowed)
         for q in range(len(batch.queries)):
             if exact:
                 rows, s = np.arange(lo, hi), all_scores[q]
-            elif not exact and self.ranker is not None and len(cands) > 1:
-                rows, s = cands[q], together[q, at[q]]
+            elif together:
+                rows, s = cands[q], union_scores[q, at[q]]
             else:
                 rows = cands[q]
                 s = self.scores(_one(batch, q), rows, k, include_seen)[0]
