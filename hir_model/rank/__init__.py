@@ -14,6 +14,7 @@ artefacts.py    what HIR publishes for window t (embeddings, checkpoint, graph, 
 inductive.py    the frozen encoder on what it never embedded: cold users from a context, items without a row
 cold_tokens.py  a cold user's token arrays while inductive.py assembles its sequence
 increment.py    a day's arrivals after end(t) placed in window t's space (what the `catalog_increment` asset computes)
+candidates.py   the served path's candidates per query: index probes, co-engagement, priors, arrivals
 recommender.py  Recommender: BoM candidates -> ranked_scores -> engaged items removed (hir retrieve, hir serve, evaluation);
                 with_increments appends the arrivals
 context.py      a served user's context from the command line or a file

@@ -28,7 +28,6 @@ first `upto` rows only (the evaluation's view of what had been published at a pa
 from __future__ import annotations
 
 import copy
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,14 +37,13 @@ import pyarrow as pa
 
 from hir_model.protocol.metrics import Ragged, in_sorted
 from hir_model.protocol.split import ItemSpace, Queries, warm_queries
-from hir_model.rank.coengagement import coengagement_rows, top_of_row
-from hir_model.rank.head import HeadConfig, kernel_items, recent_items, warm_query
+from hir_model.rank.candidates import candidates
+from hir_model.rank.head import HeadConfig, warm_query
 from hir_model.rank.ranker import ranked_scores
 from hir_model.rank.state import HEAD_ASSET, HeadState, read_head
 from hir_model.retrieval.index import DEFAULT_PROBE_FACTOR, Hit
 
 US_PER_SECOND = 1_000_000
-KERNEL_PROBES = 3  # the heaviest recent items probed beside the query vector
 SCOPES = ("all", "window", "new")  # every served item, window t's items only, the increments' items only
 
 
@@ -304,70 +302,8 @@ class Recommender:
 
     def candidates(self, batch: Batch, k: int, probe_factor: float | None = None, include_seen: bool = False,
                    scope: str = "all", upto: int | None = None) -> list[np.ndarray]:
-        """Per query, the item rows the head scores (module docstring) within `scope_range(scope, upto)`, sorted, the
-        user's engaged items left out unless `include_seen`; every item of the range without an index."""
-        seen = batch.queries.context
-        lo, hi = self.scope_range(scope, upto)
-        if self.retriever is None or not self.retriever.codebooks:
-            every = np.arange(lo, hi)
-            return [every if include_seen else np.setdiff1d(every, seen.row(q)) for q in range(len(batch.queries))]
-        factor = self.probe_factor if probe_factor is None else probe_factor
-        vectors = self.query_vectors(batch)
-        recent = kernel_items(batch.queries, self.config.recent_half_life_days, self.config.deep_weight)
-        co = None
-        if self.items.coengagement is not None and batch.warm.any() and scope != "new":
-            co = coengagement_rows(batch.queries, self.items.coengagement, self.config.coengagement_half_life_days,
-                                   self.config.deep_weight)
-        retriever = self.window_retriever if scope == "window" else self.retriever
-        profiles = None  # (Q, C) the users' content profiles, where the head scores arrivals' content (its content term)
-        if scope != "window" and hi > self.n_window and self.items.content is not None and self.items.content_weight:
-            profiles = recent_items(batch.queries, self.items.content, None, self.config.deep_weight)
-        out = []
-        for q in range(len(batch.queries)):
-            skip = np.zeros(0, np.int64) if include_seen else np.unique(seen.row(q))
-            budget = min(math.ceil(factor * max(k, self.budget_k)), self.state.n_items)
-
-            def fresh(rows: np.ndarray, n: int) -> np.ndarray:
-                return rows[~in_sorted(skip, rows)][:n]  # np.isin's table grows with the catalogue
-
-            if not batch.warm[q]:  # a cold user: every item in range (module docstring)
-                every = np.arange(lo, hi)
-                out.append(every if include_seen else every[~in_sorted(skip, every)])
-                continue
-            parts = []
-            if scope != "new":
-                probed = retriever.probe_vector(vectors[q], budget + len(skip), floor=k + len(skip))[0]
-                parts.append(fresh(probed, max(budget, k)))
-                per_item = math.ceil(budget / KERNEL_PROBES)
-                for item in recent[q][0][:KERNEL_PROBES]:
-                    parts.append(fresh(retriever.probe_vector(self.items.vectors[item], per_item + len(skip))[0], per_item))
-                if co is not None and batch.warm[q]:  # the items the co-engagement term scores highest
-                    parts.append(fresh(top_of_row(co, q, budget + len(skip)), budget))
-                parts.append(fresh(self.prior_order[:math.ceil(budget / 2) + len(skip)], math.ceil(budget / 2)))
-            if scope != "window" and hi > self.n_window:  # the arrivals: their own candidates (module docstring)
-                profile = None if profiles is None else profiles[q]
-                parts.append(fresh(self._arrival_rows(vectors[q], recent[q][0][:KERNEL_PROBES], budget + len(skip), hi,
-                                                      profile), budget + len(skip)))
-            rows = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-            out.append(rows[(rows >= lo) & (rows < hi)])
-        return out
-
-    def _arrival_rows(self, vector: np.ndarray, recent: np.ndarray, budget: int, hi: int,
-                      profile: np.ndarray | None = None) -> np.ndarray:
-        """Increment rows [n_window, hi) nearest the query vector (`budget` of them), nearest each recent item
-        (budget / KERNEL_PROBES each) and, with a content profile, nearest it by content (the head's content term): all
-        of them when they are fewer. Exact dot products: a week's arrivals are few beside the window's items."""
-        rows = np.arange(self.n_window, hi)
-        if len(rows) <= budget:
-            return rows
-        block = self.items.vectors[self.n_window:hi]  # (m, W)
-        picked = [rows[np.argsort(-(block @ vector), kind="stable")[:budget]]]
-        per_item = math.ceil(budget / KERNEL_PROBES)
-        for item in recent:
-            picked.append(rows[np.argsort(-(block @ self.items.vectors[item]), kind="stable")[:per_item]])
-        if profile is not None and profile.any():
-            picked.append(rows[np.argsort(-(self.items.content[self.n_window:hi] @ profile), kind="stable")[:budget]])
-        return np.unique(np.concatenate(picked))
+        """Per query, the item rows the head scores (hir_model.rank.candidates) within `scope_range(scope, upto)`."""
+        return candidates(self, batch, k, probe_factor, include_seen, scope, upto)
 
     def top(self, batch: Batch, k: int, exact: bool = False, include_seen: bool = False,
             probe_factor: float | None = None, candidates: list[np.ndarray] | None = None, scope: str = "all",
