@@ -1,0 +1,110 @@
+"""Audiences (hir_model.rank.audience) on the tiny store with its hierarchy and index (test_serve's `full_store`): the
+head transposed (each user's score is the served ranking's value of the pair), advertisers through their products,
+converted users left out, the hierarchy restriction and its sizes, the floor, and an arrival served from content."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hir_model.rank.audience import (Audience, AudienceConfig, Audiences, AudienceTooSmall, UnknownEntity, aggregate,
+                                     user_propensity)
+from hir_model.rank.recommender import Recommender
+from hir_model.storage import PartitionStore
+from tests.hir_model.eval.hir_store import KEYS
+from tests.hir_model.rank.test_increment import built, source  # noqa: F401  (fixtures: W0 plus p6's increment)
+from tests.hir_model.rank.test_serve import full_store  # noqa: F401  (the fixture: W0 and W1 with bom_index)
+
+torch.set_num_threads(1)
+OLD, NEW = KEYS[0], KEYS[1]
+ONE = AudienceConfig(min_audience=1)
+
+
+def served_column(rec: Recommender, users: list[str], item: str) -> np.ndarray:
+    """What the served ranking computes for (user, item): the head over every item, the pair's column."""
+    return rec.scores(rec.user_batch(users), include_seen=True)[:, rec.item_row[item]]
+
+
+def test_a_products_audience_orders_users_by_the_served_rankings_value_of_the_pair(full_store):  # noqa: F811
+    store = PartitionStore(full_store)
+    audiences = Audiences.load(store, NEW, config=ONE)
+    rec = audiences.rec
+    assert rec.ranker is None  # the tiny store trains none: the served score of every pair is the head's
+    users = list(audiences.user_ids)
+    assert users == ["u1", "u2", "u3", "u4"]
+    a = audiences.audience("p4", k=10, include_converted=True)
+    expected = served_column(rec, users, "p4")
+    assert isinstance(a, Audience) and a.entity_type == "product" and a.items == ("p4",) and a.source == "history"
+    assert a.size == 4 and list(a.user_ids) == [users[i] for i in np.lexsort((np.arange(4), -expected))]
+    np.testing.assert_allclose(a.scores, np.sort(expected)[::-1], rtol=1e-5)
+    # batched over users: the same values whatever the batch size
+    small = Audiences(rec, audiences.linker, audiences.membership, AudienceConfig(min_audience=1, batch_users=1))
+    np.testing.assert_array_equal(small.audience("p4", k=10, include_converted=True).scores, a.scores)
+
+
+def test_an_advertiser_is_scored_over_its_products_and_converted_users_are_left_out(full_store):  # noqa: F811
+    audiences = Audiences.load(PartitionStore(full_store), OLD, config=ONE)
+    rec = audiences.rec
+    a = audiences.audience("a1", k=10, include_converted=True)
+    assert a.entity_type == "advertiser" and a.items == ("p1", "p2")  # c1 (its campaign) is not an item
+    both = np.stack([served_column(rec, ["u1", "u2"], p) for p in ("p1", "p2")], 1)
+    np.testing.assert_allclose(dict(zip(a.user_ids, a.scores))["u2"], both[1].max(), rtol=1e-5)
+    # u1 purchased p1 in W0: it already converted with p1 and with a1, not with a2
+    for entity in ("p1", "a1"):
+        kept = audiences.audience(entity, k=10)
+        assert "u1" not in kept.user_ids and kept.excluded == 1 and kept.size == 1
+    assert audiences.audience("a2", k=10).excluded == 0
+    with pytest.raises(UnknownEntity, match="'nobody'"):
+        audiences.audience("nobody")
+
+
+def test_a_level_keeps_the_users_assigned_to_the_entitys_primitive_and_reports_each_levels_size(full_store):  # noqa: F811
+    audiences = Audiences.load(PartitionStore(full_store), NEW, config=ONE)
+    a = audiences.audience("p3", k=10, include_converted=True)
+    assert [lv["level"] for lv in a.levels] == audiences.membership.levels == [0, 1]
+    for lv in a.levels:
+        members = audiences.membership.members(lv["level"], lv["primitive"])
+        assert lv["size"] == len(members & set(audiences.user_ids))
+        if lv["size"]:
+            restricted = audiences.audience("p3", k=10, level=lv["level"], include_converted=True)
+            assert restricted.size == lv["size"] and set(restricted.user_ids) <= members
+            assert restricted.primitive == lv["primitive"]
+    with pytest.raises(ValueError, match="levels"):
+        audiences.audience("p3", level=7)
+
+
+def test_an_audience_below_the_floor_is_refused_with_a_clear_message(full_store):  # noqa: F811
+    audiences = Audiences.load(PartitionStore(full_store), NEW, config=AudienceConfig(min_audience=5))
+    with pytest.raises(AudienceTooSmall, match="has 4 users, below the minimum of 5"):
+        audiences.audience("p4", k=10, include_converted=True)
+    with pytest.raises(AudienceTooSmall, match="k=3 is below the minimum audience of 5"):
+        audiences.audience("p4", k=3)
+    assert issubclass(AudienceTooSmall, ValueError)
+    assert AudienceConfig().min_audience == 100  # the default floor
+
+
+def test_an_arrival_is_served_from_its_content(built):  # noqa: F811
+    store, _ = built
+    audiences = Audiences.load(store, OLD, config=ONE)
+    a = audiences.audience("p6", k=10)  # first seen after W0's end: only its increment carries it
+    assert a.source == "content" and a.items == ("p6",) and set(a.user_ids) == {"u1", "u2"}
+    np.testing.assert_allclose(a.scores, np.sort(served_column(audiences.rec, list(a.user_ids), "p6"))[::-1], rtol=1e-5)
+    assert "p6" in audiences.audience("a1", k=10, include_converted=True).items  # its advertiser reaches it too
+    assert not Audiences.load(store, OLD, config=ONE, increments=False).linker.items_of("p6", {})
+
+
+def test_aggregates_and_propensity():
+    s = np.array([[0.0, 1.0], [0.5, 0.5]], np.float32)
+    np.testing.assert_allclose(aggregate(s, "max", 0.1), [1.0, 0.5])
+    np.testing.assert_allclose(aggregate(s, "mean", 0.1), [0.5, 0.5])
+    lse = aggregate(s, "lse", 0.1)
+    assert 0.5 < lse[0] < 1.0 and lse[1] == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        AudienceConfig(aggregate="sum")
+    from hir_model.protocol.split import Interactions
+    day = 86_400_000_000
+    h = Interactions("w", 10 * day, np.array(["a", "b"], object), np.array([0, 0, 1]), np.zeros(3, np.int64),
+                     np.array([10 * day - 1, 10 * day - 1, 0]), np.array([True, False, False]), 1)
+    p = user_propensity(h, 14.0, 2.0)
+    assert p[0] == pytest.approx(np.log1p(3.0), rel=1e-4) and 0 < p[1] < np.log1p(1.0)  # recent and converting first
