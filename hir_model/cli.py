@@ -94,6 +94,40 @@ def _retrieve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audience(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    from hir_model.rank.audience import Audiences
+    from hir_model.storage import PartitionStore
+
+    if args.k < 1 or (args.primitive is not None and args.level is None):
+        print("hir audience: --k must be positive, and --primitive needs --level", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    try:
+        config = load_config()
+        audiences = Audiences.load(PartitionStore(config.storage_uri), args.window, config=config.audience_config())
+        loaded = time.perf_counter()
+        a = audiences.audience(args.entity, args.k, args.level, args.primitive, args.include_converted)
+    except (FileNotFoundError, LookupError, ValueError) as exc:  # a missing window, an unknown entity, below the floor
+        print(f"hir audience: {exc.args[0] if isinstance(exc, LookupError) else exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(a.as_dict()))
+        return 0
+    where = f", level {a.level} primitive {a.primitive}" if a.level is not None else ""
+    print(f"audience of {a.entity_type} {a.entity_id} in {a.window}{where}: top {len(a.user_ids)} of {a.size} users "
+          f"(scored on {len(a.items)} items, from {a.source}; {a.excluded} already converted left out); loaded in "
+          f"{loaded - start:.2f}s, answered in {(time.perf_counter() - loaded) * 1000:.1f} ms")
+    for lv in a.levels:
+        print(f"  level {lv['level']}: primitive {lv['primitive']} (weight {lv['weight']:.3f}), {lv['size']} users")
+    for i, (u, s) in enumerate(zip(a.user_ids, a.scores), 1):
+        print(f"{i:5d}  {s:+.4f}  {u}")
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # as for retrieve: its CPU-feature probing is noise here
     from hir_model.rank.serve import ServeConfig, serve
@@ -102,9 +136,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.poll_seconds <= 0:
         print("hir serve: --poll-seconds must be positive", file=sys.stderr)
         return 2
-    store = PartitionStore(load_config().storage_uri)
+    config = load_config()
+    store = PartitionStore(config.storage_uri)
     try:
-        serve(store, ServeConfig(args.host, args.port, args.window, args.poll_seconds, args.access_log))
+        serve(store, ServeConfig(args.host, args.port, args.window, args.poll_seconds, args.access_log,
+                                 config.audience_config()))
     except (FileNotFoundError, ValueError) as exc:  # the window to serve is missing or broken (before listening)
         print(f"hir serve: {exc}", file=sys.stderr)
         return 2
@@ -138,7 +174,18 @@ def main(argv: list[str] | None = None) -> int:
                           help="every served item (default), the window's items only, or the items that arrived after "
                                "its end (its published increments) only")
     retrieve.set_defaults(func=_retrieve)
-    srv = sub.add_parser("serve", help="answer retrieve's queries over HTTP for the newest materialised window, "
+    aud = sub.add_parser("audience", help="the users most likely to convert with an entity (an item, an advertiser, a "
+                                          "campaign) in a materialised window, scored by the ranking head")
+    aud.add_argument("--window", required=True, help="partition key (window start, YYYY-MM-DD)")
+    aud.add_argument("--entity", required=True, help="an entity id: a product or service (arrivals included), or an "
+                                                     "advertiser / campaign / KG entity (through its items)")
+    aud.add_argument("--k", type=int, default=1000, help="users returned (at least [audience] min_audience)")
+    aud.add_argument("--level", type=int, help="keep the users the hierarchy assigns to the entity's primitive at this level")
+    aud.add_argument("--primitive", type=int, help="with --level: this primitive instead of the entity's own")
+    aud.add_argument("--include-converted", action="store_true", help="keep users who already converted with it")
+    aud.add_argument("--json", action="store_true", help="print the audience as one JSON object")
+    aud.set_defaults(func=_audience)
+    srv = sub.add_parser("serve", help="answer retrieve's and audience's queries over HTTP for the newest materialised window, "
                                         "switching to newer windows as they land")
     srv.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     srv.add_argument("--port", type=int, default=8000)

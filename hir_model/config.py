@@ -37,6 +37,7 @@ class HIRConfig:
     train: Mapping[str, Any] = field(default_factory=dict)  # TrainConfig overrides ([train], then [train.<source>])
     train_shared: Mapping[str, Any] = field(default_factory=dict)  # [train] alone, without any source's sub-table
     embed: Mapping[str, Any] = field(default_factory=dict)  # EmbedConfig fields ([embed], then [embed.<source>])
+    audience: Mapping[str, Any] = field(default_factory=dict)  # AudienceConfig fields ([audience]: min_audience, ...)
     config_file: Path | None = None  # where this came from, for messages
 
     def __post_init__(self) -> None:
@@ -47,6 +48,17 @@ class HIRConfig:
             raise ConfigError(f"window {self.window!r}{where} is not one of {tuple(WINDOW_LENGTHS)}")
         if self.source == "parquet" and not self.parquet_path:
             raise ConfigError(f"source 'parquet'{where} needs [parquet] path = <folder> (or HIR_PARQUET_PATH)")
+
+    def audience_config(self):
+        """The served audiences' AudienceConfig: the library's defaults under [audience]; an unknown key is refused."""
+        from dataclasses import fields as dc_fields
+
+        from hir_model.rank.audience import AudienceConfig
+
+        unknown = sorted(set(self.audience) - {f.name for f in dc_fields(AudienceConfig)})
+        if unknown:
+            raise ConfigError(f"[audience] has unknown keys {unknown} (AudienceConfig fields: min_audience, ...)")
+        return AudienceConfig.from_dict(dict(self.audience))
 
     def make_source(self) -> Source:
         """The configured data source (nothing is read yet)."""
@@ -140,6 +152,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         train=_source_overrides(raw.get("train", {}), source, layer_train),
         train_shared=_source_overrides(raw.get("train", {}), ""),
         embed=_source_overrides(raw.get("embed", {}), source),
+        audience=dict(raw.get("audience", {})),
         config_file=path if path.exists() else None,
     )
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hir_model.eval.report import (Band, evaluated, extras_table, lift_table, markdown_table, plot_cold_vs_warm,
+from hir_model.eval.report import (Band, audience_table, evaluated, extras_table, lift_table, markdown_table, plot_cold_vs_warm,
                                    plot_per_method, plot_per_window, timing_table)
 from hir_model.eval.run import WindowEvaluation, WindowSkipped
 
@@ -54,6 +54,25 @@ def comparison_table(results: Sequence[WindowEvaluation | WindowSkipped], last: 
     return comparison_markdown(rows)
 
 
+AUDIENCE_METRICS = ("recall@1pct", "auc")  # the audience slice's compared metrics (hir_model.eval.audience)
+
+
+def audience_comparison_table(results: Sequence[WindowEvaluation | WindowSkipped], last: int | None = 4) -> str:
+    """The audience slice: `hir` minus every other method, per entity kind and group, Recall@1% of users and AUC, pooled
+    over all windows and the last `last`: paired bootstrap 95% CIs over entities; "" without the slice."""
+    from hir_model.eval.audience import AUDIENCE_USERS, KINDS
+    from hir_model.eval.compare import compare, comparison_markdown
+
+    have = {(r.items, r.target) for e in evaluated(results) for r in e.results
+            if r.users == AUDIENCE_USERS and r.method == "hir" and r.metrics.per_user}
+    others = list(dict.fromkeys(r.method for e in evaluated(results) for r in e.results
+                                if r.users == AUDIENCE_USERS and r.method != "hir"))
+    rows = [c for group in ("known", "new") for kind in KINDS if (group, kind) in have for metric in AUDIENCE_METRICS
+            for c in compare(results, reference="hir", methods=[], pairs=[("hir", m) for m in others],
+                             users=AUDIENCE_USERS, items=group, target=kind, metric=metric, last=last, per_window=False)]
+    return comparison_markdown(rows) if rows else ""
+
+
 def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str = "HIR window evaluation",
                 last: int | None = 4, extras: dict[str, dict] | None = None, header: Mapping[str, str] | None = None,
                 per_method: bool = False, band: Band | None = None) -> str:
@@ -81,6 +100,7 @@ def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str 
              "<h2>All engagements Recall@20 per window</h2>" + img(plot_per_window(results, target="engagement", band=band)),
              "<h2>Cold vs warm</h2>" + img(plot_cold_vs_warm(results, last=last)),
              "<h2>Downstream conversion model</h2>" + table(lift_table(results)),
+             _audiences(results, last, table),
              "<h2>Cost</h2>" + table(timing_table(results)),
              "<h2>HIR per window</h2>" + table(extras_table(extras)) if extras else "",
              "<h2>Skipped</h2><ul>" + "".join(f"<li>{html.escape(s.window)}: {html.escape(s.reason)}</li>" for s in skipped) + "</ul>"]
@@ -89,6 +109,16 @@ def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str 
              "table.head th,table.head td{text-align:left}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head>" \
            f"<body>{''.join(parts)}</body></html>"
+
+
+def _audiences(results, last, table) -> str:
+    """The audience slice's section: its table over all windows and its comparisons with CIs over entities."""
+    md = audience_table(results)
+    if not md:
+        return ""
+    versus = audience_comparison_table(results, last)
+    return ("<h2>Audiences: window t's audiences judged on t+1's conversions, per entity</h2>" + table(md)
+            + ("<h3>Against hir: paired bootstrap 95% CI over entities</h3>" + table(versus) if versus else ""))
 
 
 def _comparisons(results, last, table) -> str:
@@ -112,6 +142,8 @@ def write_report(results: Sequence[WindowEvaluation | WindowSkipped], folder: st
                         folder / "cold_vs_warm.png")
     files.markdown.write_text(f"# {title}\n\n## Last {last} windows\n\n{markdown_table(results, last)}\n\n## All windows\n\n"
                               f"{markdown_table(results)}\n\n## Downstream conversion model\n\n{lift_table(results)}\n\n"
+                              + (f"## Audiences\n\n{audience_table(results)}\n\n{audience_comparison_table(results, last)}\n\n"
+                                 if audience_table(results) else "") +
                               f"## Cost\n\n{timing_table(results)}\n")
     files.html.write_text(html_report(results, title, last))
     files.per_window_png.write_bytes(plot_per_window(results))

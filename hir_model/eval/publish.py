@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from hir_model.eval.audience import AUDIENCE_USERS, AudienceMetrics
 from hir_model.baselines.als import ImplicitALS
 from hir_model.baselines.lightgcn import LightGCN
 from hir_model.eval.lift import LiftResult, ModelScore
@@ -111,11 +112,19 @@ def from_tables(metrics: pa.Table, summary: pa.Table) -> tuple[WindowEvaluation,
     for i in range(metrics.num_rows):
         key = (cols["method"][i], cols["users"][i], cols["items"][i], cols["target"][i])
         entry = slices.setdefault(key, {"n_users": cols["n_users"][i], "n_targets": cols["n_targets"][i],
-                                        "candidates": cols["candidates"][i], "recall": {}, "ndcg": {},
+                                        "candidates": cols["candidates"][i], "recall": {}, "ndcg": {}, "extra": {},
                                         "judged": cols["judged_users"][i] if "judged_users" in cols else None})
-        name, k = cols["metric"][i].split("@")
-        entry[name][int(k)] = _nan(cols["value"][i])
-    results = tuple(SliceResult(m, u, it, t, e["candidates"], RankingMetrics(e["n_users"], e["n_targets"], e["recall"], e["ndcg"]),
+        name, _, k = cols["metric"][i].partition("@")
+        if name in ("recall", "ndcg") and k.isdigit():
+            entry[name][int(k)] = _nan(cols["value"][i])
+        else:  # the audience slice's recall@1pct and auc (hir_model.eval.audience)
+            entry["extra"][cols["metric"][i]] = _nan(cols["value"][i])
+
+    def metrics(u: str, e: dict) -> RankingMetrics:
+        if u == AUDIENCE_USERS:
+            return AudienceMetrics(e["n_users"], e["n_targets"], e["recall"], e["ndcg"], extra=e["extra"])
+        return RankingMetrics(e["n_users"], e["n_targets"], e["recall"], e["ndcg"])
+    results = tuple(SliceResult(m, u, it, t, e["candidates"], metrics(u, e),
                                 judged=None if e["judged"] == e["n_users"] else e["judged"]) for (m, u, it, t), e in slices.items())
     lift = None
     if s.get("lift"):

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from hir_model.eval.audience import AUDIENCE_USERS  # noqa: E402
 from hir_model.eval.run import WindowEvaluation, WindowSkipped  # noqa: E402
 from hir_model.protocol.split import TARGET_KINDS  # noqa: E402
 
@@ -45,8 +46,9 @@ def evaluated(results: Sequence[WindowEvaluation | WindowSkipped]) -> list[Windo
 
 
 def metric_names(results: Sequence[WindowEvaluation | WindowSkipped]) -> tuple[str, ...]:
-    """The metrics the evaluations computed (recall@K..., ndcg@K...), in their order."""
-    return tuple(dict.fromkeys(k for e in evaluated(results) for r in e.results for k in r.metrics.as_dict()))
+    """The metrics the evaluations computed (recall@K..., ndcg@K...), in their order (the audience slice's apart)."""
+    return tuple(dict.fromkeys(k for e in evaluated(results) for r in e.results if r.users != AUDIENCE_USERS
+                               for k in r.metrics.as_dict()))
 
 
 def _mean(xs: list[float]) -> float:
@@ -80,6 +82,25 @@ def markdown_table(results: Sequence[WindowEvaluation | WindowSkipped], last: in
     for r in summary(results, last):
         lines.append(f"| {r.target} | {r.users} | {r.items} | {r.method} | {r.windows} | {r.users_per_window:.1f} | "
                      f"{r.candidates:.0f} | " + " | ".join(f"{r.values[m]:.4f}" for m in names) + " |")
+    return "\n".join(lines)
+
+
+def audience_table(results: Sequence[WindowEvaluation | WindowSkipped], last: int | None = None) -> str:
+    """The audience slice (hir_model.eval.audience): a row per (entity kind, group, method), its metrics averaged over
+    the (last `last`) windows where it judged entities; empty when no window has the slice."""
+    evals = evaluated(results)
+    evals = evals[-last:] if last else evals
+    rows = [r for e in evals for r in e.results if r.users == AUDIENCE_USERS]
+    if not rows:
+        return ""
+    names = list(dict.fromkeys(k for r in rows for k in r.metrics.as_dict()))
+    lines = ["| entities | group | method | windows | entities/window | users | " + " | ".join(names) + " |",
+             "|" + "---|" * (6 + len(names))]
+    for kind, group, method in dict.fromkeys((r.target, r.items, r.method) for r in rows):
+        hits = [r for r in rows if (r.target, r.items, r.method) == (kind, group, method)]
+        lines.append(f"| {kind} | {group} | {method} | {len(hits)} | {_mean([h.metrics.n_users for h in hits]):.1f} | "
+                     f"{_mean([h.candidates for h in hits]):.0f} | "
+                     + " | ".join(f"{_mean([h.metrics.as_dict().get(m, math.nan) for h in hits]):.4f}" for m in names) + " |")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from hir_model.content import CONTENT_ASSET, CONTENT_FILE
 from hir_model.data.tables import CATALOG_ASSET, ENTITIES_FILE, EVENTS_ASSET, EVENTS_FILE
 from hir_model.data.windows import Window, WindowSpec
+from hir_model.eval.audience import audience_slice
 from hir_model.eval.lift import LiftResult, PairFeatures, conversion_lift, pair_features
 from hir_model.eval.scoring import (EvalConfig, MethodTiming, SliceResult, evaluate_split, query_blocks, sample_rows,
                                     user_priority)
@@ -34,7 +35,8 @@ from hir_model.protocol.split import (CATALOG_COLUMNS, EVENT_COLUMNS, ItemSpace,
 log = logging.getLogger("hir")
 
 TEXT_COLUMNS = ["title", "description", "category"]
-USER_METRICS = ("recall@20", "ndcg@20")  # the per-user values published beside the means (to_user_table)
+USER_METRICS = ("recall@20", "ndcg@20", "recall@1pct", "auc")  # the per-user (audience: per-entity) values published
+# beside the means (to_user_table)
 USER_COLUMNS = ["window", "method", "users", "items", "target", "user_id", "metric", "value"]  # to_user_table's
 
 
@@ -254,6 +256,9 @@ def evaluate_window(store, spec: WindowSpec, key: str, methods: Sequence[Method]
         items, content_source = item_content(reader, split.items, window, next_window, config)
         split = replace(split, items=items)
     results, timings = evaluate_split(split, methods, config)
+    if config.audience is not None:  # the audience slice: the fitted methods transposed, one draw per entity
+        results += tuple(audience_slice(split, next_events, methods, config.split.deep_funnel_types, config.audience,
+                                        config.seed))
     lift = _lift(split, next_events, methods, config, lift_features) if config.lift_method is not None or lift_features else None
     log.info("evaluated %s on %s: %d warm, %d cold users", key, next_window.key, split.counts.warm_users, split.counts.cold_users)
     return WindowEvaluation(key, next_window.key, split.counts, content_source, results, timings, lift,

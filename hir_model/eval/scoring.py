@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hir_model.eval.audience import AudienceEvalConfig
 from hir_model.eval.lift import LiftConfig
 from hir_model.eval.text_vectors import TextVectorConfig
 from hir_model.protocol.method import Method
@@ -41,6 +42,7 @@ class EvalConfig:
     # evaluated; larger than any window of MovieLens or the `small` synthetic preset (4,200 users), so those are never sampled
     max_users: int = 5_000
     seed: int = 0  # of the candidates' tie-break order (shared by every method) and of the user samples
+    audience: AudienceEvalConfig | None = AudienceEvalConfig()  # the audience slice (hir_model.eval.audience); None: off
 
 
 @dataclass(frozen=True)

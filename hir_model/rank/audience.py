@@ -38,6 +38,9 @@ class AudienceConfig:
     min_audience: int = 100  # fewer users than this qualify (or are asked for): refused, never exported
     aggregate: str = "max"  # a user's score over an entity's items (AGGREGATES; decisions.md, 2026-12-07 "Audiences")
     temp: float = 0.1  # the soft maximum's temperature ("lse") in the head's score units
+    normalise: bool = False  # score log p(item | user): the head's score / temp minus the user's log-sum-exp over items
+    norm_items: int = 2048  # the log-sum-exp over a fixed seeded sample of this many of the window's items (all if fewer)
+    norm_temp: float = 0.05  # the temperature turning the head's scores into logits (used when normalising)
     propensity_weight: float = 0.0  # + this x log(1 + the user's decayed activity); 0: the head's score alone
     propensity_half_life_days: float = 14.0  # the activity's events weigh 2^(-age / this), age from end(t)
     batch_users: int = 4096  # users scored at once (bounds memory: batch x the entity's items)
@@ -106,14 +109,42 @@ def user_propensity(history: Interactions, half_life_days: float, deep_weight: f
 
 def audience_scores(queries: Queries, items: ItemSide, head: HeadConfig, rows: np.ndarray, warm: np.ndarray,
                     cold_vectors: np.ndarray | None, columns: np.ndarray, config: AudienceConfig,
-                    propensity: np.ndarray | None = None) -> np.ndarray:
+                    propensity: np.ndarray | None = None, n_window: int | None = None) -> np.ndarray:
     """(Q,) float32 each query user's audience score for the entity whose items are the item rows `columns`: the head's
-    scores of the pairs (head_scores), aggregated over the columns, plus propensity_weight x `propensity` (Q,)."""
-    s = aggregate(head_scores(queries, items, head, rows, warm, cold_vectors, np.asarray(columns, np.int64)),
-                  config.aggregate, config.temp)
+    scores of the pairs (head_scores), combined over the columns (`combine`; normalising over a sample of the first
+    `n_window` rows, window t's own items; None: all), plus propensity_weight x `propensity` (Q,)."""
+    partition = None
+    if config.normalise:
+        partition = log_partition(head_scores(queries, items, head, rows, warm, cold_vectors,
+                                              norm_columns(n_window or len(items), config)), config)
+    return combine(head_scores(queries, items, head, rows, warm, cold_vectors, np.asarray(columns, np.int64)), config,
+                   propensity, partition)
+
+
+def norm_columns(n_items: int, config: AudienceConfig) -> np.ndarray:
+    """The item rows a user's log-sum-exp is taken over: a fixed seeded sample of norm_items (all when fewer)."""
+    if n_items <= config.norm_items:
+        return np.arange(n_items)
+    return np.sort(np.random.default_rng(0).choice(n_items, config.norm_items, replace=False))
+
+
+def log_partition(scores: np.ndarray, config: AudienceConfig) -> np.ndarray:
+    """(Q,) log sum exp(score / norm_temp) of each row of the head's scores over norm_columns (Q, S)."""
+    z = scores / config.norm_temp
+    top = z.max(1, keepdims=True)
+    return (np.log(np.exp(z - top).sum(1)) + top[:, 0]).astype(np.float32)
+
+
+def combine(pairs: np.ndarray, config: AudienceConfig, propensity: np.ndarray | None,
+            partition: np.ndarray | None = None) -> np.ndarray:
+    """(Q,) float32 an entity's audience score from the head's pair scores (Q, C) over its items: aggregated (with
+    `normalise`: as logits minus the user's log_partition (Q,)), plus propensity_weight x `propensity` (Q,)."""
+    if config.normalise and partition is not None:
+        pairs = pairs / config.norm_temp - partition[:, None]
+    s = aggregate(pairs, config.aggregate, config.temp)
     if propensity is not None and config.propensity_weight:
         s = s + config.propensity_weight * propensity
-    return s.astype(np.float32)
+    return np.asarray(s, np.float32)
 
 
 def converted_users(history: Interactions, columns: np.ndarray) -> np.ndarray:
@@ -243,7 +274,8 @@ class Audiences:
             idx = users[lo:lo + step]
             batch = self.rec.user_batch(list(self.user_ids[idx]))
             out[lo:lo + step] = audience_scores(batch.queries, self.rec.items, self.rec.config, batch.rows, batch.warm,
-                                                batch.cold_vectors, columns, self.config, self.propensity[idx])
+                                                batch.cold_vectors, columns, self.config, self.propensity[idx],
+                                                self.rec.n_window)
         return out
 
     def audience(self, entity: str, k: int = 1000, level: int | None = None, primitive: int | None = None,
@@ -299,4 +331,4 @@ class Audiences:
 
 
 __all__ = ["AGGREGATES", "Audience", "AudienceConfig", "AudienceTooSmall", "Audiences", "Linker", "Membership",
-           "UnknownEntity", "aggregate", "audience_scores", "converted_users", "user_propensity"]
+           "UnknownEntity", "aggregate", "audience_scores", "combine", "converted_users", "user_propensity"]

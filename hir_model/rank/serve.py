@@ -22,6 +22,11 @@ Endpoints:
   increments' items only: the new arrivals).
 - 400: bad input (k, a flag, an event type, a timestamp, malformed JSON, an unknown field); 404: a user unknown to the
   window and no context (the message names the window).
+- `GET /audience?entity=E&k=1000[&level=L&primitive=P&include_converted=0]`: the users most likely to convert with
+  entity E (hir_model.rank.audience, the served snapshot's items and increments): {"window", "increments", "entity",
+  "entity_type", "items", "source", "level", "primitive", "size", "excluded", "levels", "k", "users": [{"user_id",
+  "score"}]}. 400: bad input (as above, a level the hierarchy lacks); 404: an entity the window cannot score; 422: an
+  audience below the floor (`min_audience`, hir.toml's [audience]): never served, the message says why.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from hir_model.rank.audience import Audiences, AudienceConfig, AudienceTooSmall, UnknownEntity
 from hir_model.rank.context import context_event, parse_context
 from hir_model.rank.increment import INCREMENT_ASSET, manifests, read_increment
 from hir_model.rank.recommender import SCOPES, ContextEvent, Recommender, UnknownUser
@@ -52,6 +58,8 @@ log = logging.getLogger("hir.serve")
 
 MAX_K = 1000
 QUERY_FIELDS = {"user", "context", "k", "exact", "include_seen", "scope"}
+AUDIENCE_FIELDS = {"entity", "k", "level", "primitive", "include_converted"}
+MAX_AUDIENCE = 100_000  # users one audience request may return
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class ServeConfig:
     window: str | None = None  # serve this window only (None: the newest materialised, switching to newer ones)
     poll_seconds: float = 30.0  # how often the store is looked at for a newer window and new increments
     access_log: bool = False  # one log line per request
+    audience: AudienceConfig | None = None  # the served audiences' config (None: the library's defaults)
     graceful_seconds: int = 30  # on SIGINT/SIGTERM, how long requests in flight may take to finish
 
 
@@ -316,6 +325,36 @@ def answer(rec: Recommender, query: Query) -> dict:
             "unknown_items": rec.unknown_items(query.context or [])}
 
 
+def _int(name: str, value, lo: int, hi: int | None = None) -> int:
+    text = value.strip() if isinstance(value, str) else ""
+    if not (text.isdigit() or (text.startswith("-") and text[1:].isdigit())) or int(text) < lo or (hi is not None and int(text) > hi):
+        raise BadRequest(f"{name} must be an integer from {lo}{f' to {hi}' if hi is not None else ''}, got {value!r}")
+    return int(text)
+
+
+def audience_query(params: Mapping[str, str]) -> dict:
+    """A GET /audience query string as Audiences.audience's keyword arguments."""
+    unknown = sorted(set(params) - AUDIENCE_FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown parameters {unknown}; expected {sorted(AUDIENCE_FIELDS)}")
+    entity = params.get("entity")
+    if not entity or not entity.strip():
+        raise BadRequest("entity is required: an item, advertiser or campaign id")
+    level = _int("level", params["level"], 0) if "level" in params else None
+    primitive = _int("primitive", params["primitive"], 0) if "primitive" in params else None
+    if primitive is not None and level is None:
+        raise BadRequest("primitive needs level")
+    return {"entity": entity, "k": _int("k", params.get("k", "1000"), 1, MAX_AUDIENCE), "level": level,
+            "primitive": primitive, "include_converted": _flag("include_converted", params.get("include_converted", False))}
+
+
+def audience_answer(audiences: Audiences, query: dict) -> dict:
+    """The response body of an audience query (AudienceTooSmall, UnknownEntity, ValueError pass through)."""
+    a = audiences.audience(**query)
+    rec = audiences.rec
+    return {"increments": sorted({i.day for i in rec.increments}), "k": query["k"], **a.as_dict()}
+
+
 def _error(status: int, message: str, window: str) -> JSONResponse:
     return JSONResponse({"error": message, "window": window}, status_code=status)
 
@@ -341,6 +380,29 @@ def create_app(switcher: WindowSwitcher) -> Starlette:
         except UnknownUser as exc:
             return _error(404, str(exc), rec.window)
 
+    cache: dict[int, Audiences] = {}  # the served snapshot's audiences (one entry: the latest snapshot asked)
+    cache_lock = threading.Lock()
+
+    def audiences_of(rec: Recommender) -> Audiences:
+        with cache_lock:
+            if id(rec) not in cache:
+                cache.clear()
+                cache[id(rec)] = Audiences.load(switcher.store, rec.window, rec=rec,
+                                                config=switcher.config.audience or AudienceConfig())
+            return cache[id(rec)]
+
+    async def audience(request: Request) -> JSONResponse:
+        rec = switcher.served.rec  # read once, as /recommend
+        try:
+            query = audience_query(request.query_params)
+            return JSONResponse(await run_in_threadpool(lambda: audience_answer(audiences_of(rec), query)))
+        except UnknownEntity as exc:
+            return _error(404, exc.args[0], rec.window)
+        except AudienceTooSmall as exc:
+            return _error(422, str(exc), rec.window)
+        except ValueError as exc:  # BadRequest, or a level / primitive the hierarchy does not have
+            return _error(400, str(exc), rec.window)
+
     @asynccontextmanager
     async def lifespan(app: Starlette):
         switcher.start()
@@ -350,7 +412,8 @@ def create_app(switcher: WindowSwitcher) -> Starlette:
             switcher.stop()
             log.info("stopped (last window served: %s)", switcher.served.rec.window)
 
-    return Starlette(routes=[Route("/health", health), Route("/recommend", recommend, methods=["GET", "POST"])],
+    return Starlette(routes=[Route("/health", health), Route("/recommend", recommend, methods=["GET", "POST"]),
+                             Route("/audience", audience)],
                      lifespan=lifespan)
 
 

@@ -25,8 +25,11 @@ def test_every_baseline_on_every_window_then_the_report(tmp_path):
     assert first.content_source == "text" and first.methods == ("popularity", "content", "mf_als", "lightgcn", "item2item_recent")
     slices = {(r.users, r.items, r.target) for r in first.results}
     assert slices == {("warm", "known", "deep_funnel"), ("warm", "known", "engagement"), ("warm", "new", "engagement"),
-                      ("cold", "known", "deep_funnel"), ("cold", "known", "engagement")}
+                      ("cold", "known", "deep_funnel"), ("cold", "known", "engagement"),
+                      ("audience", "known", "product"), ("audience", "known", "advertiser")}  # p3, p5; a2 (p3's)
     for r in first.results:
+        if r.users == "audience":
+            continue
         assert r.candidates == (5 if r.items == "known" else 1) and 0 <= r.metrics.recall[3] <= 1
     # u1's only new-item target is p6, the only new candidate: found at rank 1 by everyone
     assert all(first.value(m, "warm", "new", "engagement", "recall@1") == 1.0 for m in first.methods)
@@ -49,7 +52,9 @@ def test_metrics_table_has_a_row_per_method_slice_and_metric(tmp_path):
 
     result = evaluate_window(tiny_store(tmp_path), SPEC, KEYS[0], [Popularity()], EvalConfig(lift_method=None))
     table = result.to_table()
-    assert table.num_rows == len(result.results) * 5 and set(table.column("method").to_pylist()) == {"popularity"}
+    ranking = [r for r in result.results if r.users != "audience"]  # 5 metrics each; the audience slice's 4
+    assert table.num_rows == len(ranking) * 5 + (len(result.results) - len(ranking)) * 4
+    assert set(table.column("method").to_pylist()) == {"popularity"}
     row = [r for r in table.to_pylist() if r["metric"] == "recall@20"][0]
     assert row["value"] == result.value("popularity", row["users"], row["items"], row["target"], "recall@20")
 
@@ -88,13 +93,14 @@ def test_each_slice_keeps_its_users_and_the_user_table_averages_to_the_metrics(t
     cold = [r for r in result.results if (r.users, r.items, r.target) == ("cold", "known", "engagement")][0]
     assert list(cold.user_ids) == ["u3"]
     table = result.to_user_table()
-    assert table.column_names == USER_COLUMNS and set(table.column("metric").to_pylist()) == {"recall@20", "ndcg@20"}
-    assert table.num_rows == 2 * sum(r.metrics.n_users for r in result.results)
+    assert table.column_names == USER_COLUMNS
+    assert set(table.column("metric").to_pylist()) == {"recall@20", "ndcg@20", "recall@1pct", "auc"}
+    assert table.num_rows == 2 * sum(r.metrics.n_users for r in result.results)  # two each: an audience's per entity
     frame = table.to_pandas()
     for r in result.results:
-        for metric in ("recall@20", "ndcg@20"):
+        for metric in (("recall@1pct", "auc") if r.users == "audience" else ("recall@20", "ndcg@20")):
             rows = frame[(frame.users == r.users) & (frame["items"] == r.items) & (frame.target == r.target)
                          & (frame.metric == metric)]
             assert list(rows.user_id) == list(r.user_ids) and rows.value.mean() == result.value("popularity", r.users, r.items,
                                                                                                 r.target, metric)
-    assert result.to_user_table(None).num_rows == 5 * sum(r.metrics.n_users for r in result.results)
+    assert result.to_user_table(None).num_rows == sum(len(r.metrics.as_dict()) * r.metrics.n_users for r in result.results)

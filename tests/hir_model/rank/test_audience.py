@@ -108,3 +108,72 @@ def test_aggregates_and_propensity():
                      np.array([10 * day - 1, 10 * day - 1, 0]), np.array([True, False, False]), 1)
     p = user_propensity(h, 14.0, 2.0)
     assert p[0] == pytest.approx(np.log1p(3.0), rel=1e-4) and 0 < p[1] < np.log1p(1.0)  # recent and converting first
+
+
+def _config(tmp_path, floor: int):
+    path = tmp_path / "hir.toml"
+    path.write_text(f"[audience]\nmin_audience = {floor}\n")
+    return path
+
+
+def test_hir_audience_answers_and_exits_2_on_what_it_cannot_serve(built, tmp_path, monkeypatch, capsys):  # noqa: F811
+    import json
+
+    from hir_model.cli import main
+
+    store, _ = built
+    monkeypatch.setenv("HIR_STORAGE_URI", str(store.root))
+    monkeypatch.setenv("HIR_CONFIG", str(_config(tmp_path, 2)))
+    expected = Audiences.load(store, OLD, config=AudienceConfig(min_audience=2))
+    for entity in ("a2", "p4", "p6"):  # a known advertiser, a product, an arrival served from its content
+        assert main(["audience", "--window", OLD, "--entity", entity, "--k", "5", "--json"]) == 0
+        body = json.loads(capsys.readouterr().out)
+        want = expected.audience(entity, k=5)
+        assert [u["user_id"] for u in body["users"]] == list(want.user_ids) and body["size"] == want.size == 2
+        assert body["source"] == ("content" if entity == "p6" else "history")
+    assert main(["audience", "--window", OLD, "--entity", "a2", "--k", "5", "--level", "0"]) == 0
+    assert "level 0 primitive" in capsys.readouterr().out
+    for args, message in ((["--entity", "a1"], "has 1 users, below the minimum of 2"),  # u1 converted with p1
+                          (["--entity", "a2", "--k", "1"], "k=1 is below the minimum audience of 2"),
+                          (["--entity", "nobody"], "has no item for 'nobody'"),
+                          (["--entity", "a2", "--level", "9"], "levels [0, 1], not 9")):
+        assert main(["audience", "--window", OLD, *args]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["audience", "--window", "1999-01-03", "--entity", "a2"]) == 2
+    assert "was never materialised" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a server process importing torch: 4-8 s
+def test_get_audience_over_http_answers_as_the_library_and_refuses_bad_input(built, tmp_path, monkeypatch):  # noqa: F811
+    import httpx
+
+    from tests.hir_model.rank.test_serve import server
+
+    store, _ = built
+    monkeypatch.setenv("HIR_CONFIG", str(_config(tmp_path, 2)))
+    expected = Audiences.load(store, OLD, config=AudienceConfig(min_audience=2))
+    with server(store.root, tmp_path / "serve.log", "--window", OLD) as (proc, url), \
+            httpx.Client(base_url=url, timeout=30) as client:
+        for entity in ("a2", "p4", "p6"):  # a known advertiser, a product, a new entity (its increment: content only)
+            r = client.get("/audience", params={"entity": entity, "k": "5"})
+            assert r.status_code == 200, r.text
+            body, want = r.json(), expected.audience(entity, k=5)
+            assert body["window"] == OLD and body["entity"] == entity and body["size"] == want.size
+            assert [u["user_id"] for u in body["users"]] == list(want.user_ids)
+            assert [u["score"] for u in body["users"]] == pytest.approx([float(s) for s in want.scores], rel=1e-6)
+        assert client.get("/audience", params={"entity": "p6", "k": "5"}).json()["source"] == "content"
+        r = client.get("/audience", params={"entity": "a2", "k": "5", "level": "1"})
+        assert r.status_code == 200 and r.json()["level"] == 1
+        small = client.get("/audience", params={"entity": "a1", "k": "5"})  # u1 converted with p1: one user is left
+        assert small.status_code == 422 and "below the minimum of 2" in small.json()["error"]
+        assert client.get("/audience", params={"entity": "a1", "k": "5", "include_converted": "1"}).status_code == 200
+        assert client.get("/audience", params={"entity": "nobody"}).status_code == 404
+        bad = [client.get("/audience", params=p) for p in ({"entity": "a2", "k": "abc"}, {"entity": "a2", "k": "0"},
+                                                          {"entity": "a2", "level": "x"}, {"entity": "a2", "level": "9"},
+                                                          {"entity": "a2", "primitive": "1"}, {"k": "5"},
+                                                          {"entity": "a2", "kk": "5"},
+                                                          {"entity": "a2", "include_converted": "maybe"})]
+        assert [r.status_code for r in bad] == [400] * len(bad), [r.text for r in bad]
+        assert "'abc'" in bad[0].json()["error"] and "kk" in bad[6].json()["error"]
+        assert client.get("/health").json()["window"] == OLD  # still serving
+    assert proc.returncode == 0

@@ -1,0 +1,189 @@
+r"""Audiences judged causally: window t's audiences on window t+1's conversions (hir_model.eval.audience), HIR beside
+the transposed baselines, paired bootstrap 95% CIs over entities, and the served audience's cost.
+
+Over a store the pipeline (or benchmarks/quality.py --workdir) materialised, every window with a successor and a
+`ranking_head`: the split as `window_evaluation` builds it, HIR's `hir_exact` head (the audience slice's `hir` row: the
+served audience path's scores), the baselines fitted fresh on the split, and the audience slice with each `--variant`
+(AudienceConfig fields; the first is the reference the others are compared with, paired over entities). Prints
+`key=value` lines: per (entity kind, group, method) the metrics over the windows, `compare=` lines of hir minus each
+baseline and of each variant minus the first, and `audience_s=` the time to serve one audience of every judged entity
+kind through `Audiences.audience` (p50 / p99 over a sample of entities) and to score every advertiser and campaign of a
+window (what the `audiences` asset spends).
+
+    python benchmarks/audiences.py --store .hir/aud/1 --source synthetic            # every window of the store
+    python benchmarks/audiences.py --store S --variant aggregate=max --variant aggregate=lse --variant propensity_weight=0.5
+    python benchmarks/audiences.py --store S --first 2024-01-14 --last 2024-02-11   # a range of windows (t keys)
+    python benchmarks/audiences.py --store S --quick                                # the last 2 windows
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import replace  # noqa: E402
+from datetime import datetime, timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hir_model.data.windows import KEY_FORMAT, WindowSpec, utc  # noqa: E402
+from hir_model.eval.audience import AUDIENCE_USERS, KINDS, AudienceEvalConfig, audience_slice  # noqa: E402
+from hir_model.eval.compare import compare  # noqa: E402
+from hir_model.eval.run import TableReader, WindowEvaluation, item_content, load_split  # noqa: E402
+from hir_model.eval.scoring import EvalConfig  # noqa: E402
+from hir_model.eval.window_evaluation import hir_methods, make_methods  # noqa: E402
+from hir_model.rank.audience import AudienceConfig  # noqa: E402
+from hir_model.rank.state import HEAD_ASSET  # noqa: E402
+from hir_model.storage import PartitionStore  # noqa: E402
+from hir_model.baselines.registry import BaselinesConfig  # noqa: E402
+from hir_model.protocol.split import to_us  # noqa: E402
+
+BASELINES = ("popularity", "item2item_recent", "content", "mf_als", "lightgcn")
+METRICS = ("recall@100", "recall@1000", "recall@1pct", "auc")
+
+
+def spec_of(store: PartitionStore) -> WindowSpec:
+    keys = store.partitions("raw_events")
+    first, last = (utc(datetime.strptime(k, KEY_FORMAT)) for k in (keys[0], keys[-1]))
+    return WindowSpec("weekly", first, last + timedelta(days=7))
+
+
+def variant(fields: str) -> AudienceConfig:
+    values = dict(kv.split("=", 1) for kv in fields.split(",") if kv)
+    return AudienceConfig.from_dict({k: json.loads(v) if v[:1] not in "abcdefghijklmnopqrstuvwxyz" else v
+                                     for k, v in values.items()})
+
+
+def evaluate(store: PartitionStore, keys: list[str], variants: list[AudienceConfig], serve: int) -> tuple[list, list]:
+    """Per variant, the WindowEvaluations holding the audience slice of every window in `keys`; serving timings."""
+    spec = spec_of(store)
+    reader, config = TableReader(store), EvalConfig()
+    out: list[list] = [[] for _ in variants]
+    served = []
+    for key in keys:
+        window = spec.window(key)
+        nxt = spec.next(window)
+        split, next_events = load_split(reader, spec, window, nxt, config)
+        items, content = item_content(reader, split.items, window, nxt, config)
+        split = replace(split, items=items)
+        head, _, _ = hir_methods(store, key, to_us(window.end), ("hir_exact",), 20)
+        methods = make_methods(BASELINES, BaselinesConfig(), []) + head
+        t0 = time.perf_counter()
+        for m in methods:
+            m.fit(split.train, split.items.known())
+        fit_s = time.perf_counter() - t0
+        for i, v in enumerate(variants):
+            t0 = time.perf_counter()
+            chosen = methods if i == 0 else head  # the baselines once: their rows do not depend on the variant
+            results = audience_slice(split, next_events, chosen, config.split.deep_funnel_types,
+                                     AudienceEvalConfig(audience=v), config.seed)
+            if i:
+                results = [r for r in results if r.method == "hir"]
+            out[i].append(WindowEvaluation(key, nxt.key, split.counts, content, tuple(results), (), None,
+                                           tuple(dict.fromkeys(r.method for r in results))))
+            print(f"window={key} variant={i} users={split.train.n_users} fit_s={fit_s:.1f} "
+                  f"slice_s={time.perf_counter() - t0:.1f}", flush=True)
+        if serve:
+            served.append(serve_timings(store, key, serve))
+        reader.forget_before(key)
+    return out, served
+
+
+def serve_timings(store: PartitionStore, key: str, n: int) -> dict:
+    """Seconds per `Audiences.audience` call for up to `n` advertisers and `n` products of window `key` (k=1000), and
+    for every advertiser and campaign of the window (the asset's work)."""
+    from hir_model.rank.audience import Audiences, AudienceTooSmall
+
+    t0 = time.perf_counter()
+    audiences = Audiences.load(store, key, increments=False)
+    load_s = time.perf_counter() - t0
+    types = audiences.linker.types
+    rng = np.random.default_rng(0)
+    out = {"load_s": load_s}
+    for kind in ("advertiser", "product"):
+        ids = sorted(e for e, t in types.items() if t == kind)
+        picked = [ids[i] for i in rng.choice(len(ids), min(n, len(ids)), replace=False)] if ids else []
+        seconds = []
+        for e in picked:
+            t1 = time.perf_counter()
+            try:
+                audiences.audience(e, k=1000)
+            except (AudienceTooSmall, LookupError):
+                continue
+            seconds.append(time.perf_counter() - t1)
+        if seconds:
+            out[kind] = (float(np.percentile(seconds, 50)), float(np.percentile(seconds, 99)), len(seconds))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", type=Path, required=True, help="a materialised store (ranking_head and its inputs)")
+    parser.add_argument("--first", help="the first window key evaluated")
+    parser.add_argument("--last", help="the last window key evaluated")
+    parser.add_argument("--quick", action="store_true", help="the last 2 windows with a successor only")
+    parser.add_argument("--variant", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                        help="AudienceConfig fields of one variant of the hir row (default: the library's defaults)")
+    parser.add_argument("--serve", type=int, default=20, help="audiences served per kind per window for the timings")
+    parser.add_argument("--name", default="audiences", help="the case's name in the output lines")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    store = PartitionStore(args.store)
+    spec = spec_of(store)
+    keys = [k for k in store.partitions(HEAD_ASSET) if spec.next(spec.window(k)) is not None
+            and store.exists("raw_events", spec.next(spec.window(k)).key)]
+    keys = [k for k in keys if (not args.first or k >= args.first) and (not args.last or k <= args.last)]
+    keys = keys[-2:] if args.quick else keys
+    variants = [variant(v) for v in args.variant] or [AudienceConfig()]
+    t0 = time.perf_counter()
+    runs, served = evaluate(store, keys, variants, args.serve)
+    name = args.name
+    print(f"case={name} windows={','.join(keys)} variants={json.dumps(args.variant or ['default'])} "
+          f"seconds={time.perf_counter() - t0:.1f}", flush=True)
+    base = runs[0]
+    for group in ("known", "new"):
+        for kind in KINDS:
+            rows = [r for e in base for r in e.results if (r.items, r.target) == (group, kind)]
+            for method in dict.fromkeys(r.method for r in rows):
+                mine = [r for r in rows if r.method == method]
+                vals = " ".join(f"{m}={np.mean([r.metrics.as_dict()[m] for r in mine]):.4f}" for m in METRICS)
+                print(f"case={name} group={group} entities={kind} method={method} windows={len(mine)} "
+                      f"entities_per_window={np.mean([r.metrics.n_users for r in mine]):.1f} {vals}", flush=True)
+            for metric in ("recall@1pct", "recall@1000", "auc"):
+                others = [m for m in dict.fromkeys(r.method for r in rows) if m != "hir"]
+                for c in compare(base, reference="hir", methods=[], pairs=[("hir", m) for m in others],
+                                 users=AUDIENCE_USERS, items=group, target=kind, metric=metric, last=None,
+                                 per_window=False):
+                    print(f"case={name} compare=hir-{c.reference} group={group} entities={kind} metric={metric} "
+                          f"hir={c.method_value:.4f} other={c.reference_value:.4f} diff={c.diff:+.4f} "
+                          f"ci95={c.low:+.4f}..{c.high:+.4f} verdict={c.verdict} entities={sum(c.n_users)}", flush=True)
+                for i, run in enumerate(runs[1:], 1):
+                    both = [WindowEvaluation(a.window, a.next_window, a.counts, a.content_source,
+                                             tuple(r for r in a.results if r.method == "hir")
+                                             + tuple(replace(r, method=f"variant{i}") for r in b.results if r.method == "hir"),
+                                             (), None, ("hir", f"variant{i}")) for a, b in zip(base, run)]
+                    for c in compare(both, reference="hir", methods=[f"variant{i}"], users=AUDIENCE_USERS, items=group,
+                                     target=kind, metric=metric, last=None, per_window=False):
+                        print(f"case={name} compare=variant{i}-variant0 variant={args.variant[i]} group={group} "
+                              f"entities={kind} metric={metric} diff={c.diff:+.4f} ci95={c.low:+.4f}..{c.high:+.4f} "
+                              f"verdict={c.verdict} entities={sum(c.n_users)}", flush=True)
+    for key, s in zip(keys, served):
+        parts = " ".join(f"{k}_p50_s={v[0]:.3f} {k}_p99_s={v[1]:.3f} {k}_n={v[2]}" for k, v in s.items() if k != "load_s")
+        print(f"case={name} window={key} audience_load_s={s['load_s']:.2f} {parts}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
