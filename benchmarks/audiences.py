@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hir_model.data.windows import KEY_FORMAT, WindowSpec, utc  # noqa: E402
-from hir_model.eval.audience import AUDIENCE_USERS, KINDS, AudienceEvalConfig, audience_slice  # noqa: E402
+from hir_model.eval.audience import AUDIENCE_USERS, KINDS, AudienceEvalConfig  # noqa: E402
 from hir_model.eval.compare import compare  # noqa: E402
-from hir_model.eval.run import TableReader, WindowEvaluation, item_content, load_split  # noqa: E402
+from hir_model.eval.run import TableReader, WindowEvaluation, audience_results, item_content, load_split  # noqa: E402
 from hir_model.eval.scoring import EvalConfig  # noqa: E402
 from hir_model.eval.window_evaluation import hir_methods, make_methods  # noqa: E402
 from hir_model.rank.audience import AudienceConfig  # noqa: E402
@@ -85,8 +85,7 @@ def evaluate(store: PartitionStore, keys: list[str], variants: list[AudienceConf
         for i, v in enumerate(variants):
             t0 = time.perf_counter()
             chosen = methods if i == 0 else head  # the baselines once: their rows do not depend on the variant
-            results = audience_slice(split, next_events, chosen, config.split.deep_funnel_types,
-                                     AudienceEvalConfig(audience=v), config.seed)
+            results = audience_results(split, next_events, chosen, replace(config, audience=AudienceEvalConfig(audience=v)))
             if i:
                 results = [r for r in results if r.method == "hir"]
             out[i].append(WindowEvaluation(key, nxt.key, split.counts, content, tuple(results), (), None,

@@ -22,6 +22,7 @@ from dagster_project.notify import AlertLogNotifier, Notifier, WebhookNotifier
 from dagster_project.schedules import build_window_schedule
 from dagster_project.sensors import build_alert_sensor
 from hir_assets.adapter import build_adapter_assets
+from hir_assets.audiences import build_audience_assets
 from hir_assets.content_resources import ContentModels
 from hir_assets.enrichment import build_enrichment_assets
 from hir_assets.evaluation import build_evaluation_assets
@@ -51,7 +52,7 @@ def build_definitions(config: HIRConfig) -> dg.Definitions:
     partitions = window_partitions(spec)
     assets = (build_ingest_assets(partitions) + build_enrichment_assets(partitions) + build_graph_assets(partitions)
               + build_training_assets(partitions, dict(config.train)) + build_hierarchy_assets(partitions, dict(config.embed))
-              + build_index_assets(partitions) + build_evaluation_assets(partitions) + build_adapter_assets(partitions)
+              + build_index_assets(partitions) + build_audience_assets(partitions) + build_evaluation_assets(partitions) + build_adapter_assets(partitions)
               + build_report_assets(partitions, report_settings(config)) + build_increment_assets(spec))
     assets = dg.map_asset_specs(lambda spec: owned(spec, config.source), assets)
     asset_keys = {key.to_user_string() for a in assets for key in a.keys}

@@ -99,7 +99,7 @@ def _audience(args: argparse.Namespace) -> int:
     import time
 
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
-    from hir_model.rank.audience import Audiences
+    from hir_model.rank.audience import Audiences, audience_config
     from hir_model.storage import PartitionStore
 
     if args.k < 1 or (args.primitive is not None and args.level is None):
@@ -108,7 +108,7 @@ def _audience(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         config = load_config()
-        audiences = Audiences.load(PartitionStore(config.storage_uri), args.window, config=config.audience_config())
+        audiences = Audiences.load(PartitionStore(config.storage_uri), args.window, config=audience_config(config.audience))
         loaded = time.perf_counter()
         a = audiences.audience(args.entity, args.k, args.level, args.primitive, args.include_converted)
     except (FileNotFoundError, LookupError, ValueError) as exc:  # a missing window, an unknown entity, below the floor
@@ -130,6 +130,7 @@ def _audience(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # as for retrieve: its CPU-feature probing is noise here
+    from hir_model.rank.audience import audience_config
     from hir_model.rank.serve import ServeConfig, serve
     from hir_model.storage import PartitionStore
 
@@ -140,7 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
     store = PartitionStore(config.storage_uri)
     try:
         serve(store, ServeConfig(args.host, args.port, args.window, args.poll_seconds, args.access_log,
-                                 config.audience_config()))
+                                 audience_config(config.audience)))
     except (FileNotFoundError, ValueError) as exc:  # the window to serve is missing or broken (before listening)
         print(f"hir serve: {exc}", file=sys.stderr)
         return 2

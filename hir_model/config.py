@@ -49,17 +49,6 @@ class HIRConfig:
         if self.source == "parquet" and not self.parquet_path:
             raise ConfigError(f"source 'parquet'{where} needs [parquet] path = <folder> (or HIR_PARQUET_PATH)")
 
-    def audience_config(self):
-        """The served audiences' AudienceConfig: the library's defaults under [audience]; an unknown key is refused."""
-        from dataclasses import fields as dc_fields
-
-        from hir_model.rank.audience import AudienceConfig
-
-        unknown = sorted(set(self.audience) - {f.name for f in dc_fields(AudienceConfig)})
-        if unknown:
-            raise ConfigError(f"[audience] has unknown keys {unknown} (AudienceConfig fields: min_audience, ...)")
-        return AudienceConfig.from_dict(dict(self.audience))
-
     def make_source(self) -> Source:
         """The configured data source (nothing is read yet)."""
         if self.source == "movielens":

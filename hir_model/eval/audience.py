@@ -156,11 +156,10 @@ def entity_metrics(scores: np.ndarray, converters: np.ndarray, converted: np.nda
 
 
 def audience_slice(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], deep_types: Sequence[str],
-                   config: AudienceEvalConfig = AudienceEvalConfig(), seed: int = 0) -> list:
-    """SliceResults (users="audience") of `hir` (a fitted HeadMethod of the head's exact item side among `methods`),
-    popularity of users and the transposed baselines among `methods` (already fitted on the split)."""
-    from hir_model.eval.scoring import SliceResult
-
+                   config: AudienceEvalConfig = AudienceEvalConfig(), seed: int = 0) -> list[dict]:
+    """The slice's results, as SliceResult fields (users="audience"; hir_model.eval.run.audience_results makes them
+    SliceResults), of `hir` (a fitted HeadMethod of the head's exact item side among `methods`), popularity of users and
+    the transposed baselines among `methods` (already fitted on the split)."""
     train = split.train
     n_users = train.n_users
     entities = [e for e in judged_entities(split, next_events, deep_types, config, seed) if len(e.ids)]
@@ -208,7 +207,8 @@ def audience_slice(split: WindowSplit, next_events: pa.Table, methods: Sequence[
                                 {k: float(per[f"recall@{k}"].mean()) for k in config.ks}, {}, per,
                                 np.arange(len(ent.ids)), extra={"recall@1pct": float(per["recall@1pct"].mean()),
                                                                 "auc": float(per["auc"].mean())})
-            results.append(SliceResult(name, AUDIENCE_USERS, ent.group, ent.kind, n_users, m, ent.ids, ent.judged))
+            results.append({"method": name, "users": AUDIENCE_USERS, "items": ent.group, "target": ent.kind,
+                            "candidates": n_users, "metrics": m, "user_ids": ent.ids, "judged": ent.judged})
     return results
 
 

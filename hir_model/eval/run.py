@@ -241,6 +241,13 @@ def _lift(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method], 
     return replace(result, users=len(np.unique(pairs.user_ids)), judged_users=len(users_all)) if sampled else result
 
 
+def audience_results(split: WindowSplit, next_events: pa.Table, methods: Sequence[Method],
+                     config: EvalConfig) -> tuple[SliceResult, ...]:
+    """The audience slice (hir_model.eval.audience) of the fitted methods on the split."""
+    return tuple(SliceResult(**r) for r in audience_slice(split, next_events, methods, config.split.deep_funnel_types,
+                                                          config.audience, config.seed))
+
+
 def evaluate_window(store, spec: WindowSpec, key: str, methods: Sequence[Method], config: EvalConfig = EvalConfig(),
                     reader: TableReader | None = None, lift_features: LiftFeatures | None = None) -> WindowEvaluation | WindowSkipped:
     """Metrics of every method fitted on windows <= `key`, tested on the next window's events."""
@@ -257,8 +264,7 @@ def evaluate_window(store, spec: WindowSpec, key: str, methods: Sequence[Method]
         split = replace(split, items=items)
     results, timings = evaluate_split(split, methods, config)
     if config.audience is not None:  # the audience slice: the fitted methods transposed, one draw per entity
-        results += tuple(audience_slice(split, next_events, methods, config.split.deep_funnel_types, config.audience,
-                                        config.seed))
+        results += audience_results(split, next_events, methods, config)
     lift = _lift(split, next_events, methods, config, lift_features) if config.lift_method is not None or lift_features else None
     log.info("evaluated %s on %s: %d warm, %d cold users", key, next_window.key, split.counts.warm_users, split.counts.cold_users)
     return WindowEvaluation(key, next_window.key, split.counts, content_source, results, timings, lift,

@@ -4,7 +4,7 @@ An audience is the head transposed: the head's score of (user u, item e) is the 
 that pair (hir_model.rank.head.head_scores, the learned ranker's first stage), here taken down the column e for every
 user of the window, in blocks of users so no users x items matrix is held. An item (product, service, an arrival of
 window t's increments) is its own column; an advertiser, campaign or KG entity is the set of items the catalogue links to
-it (`parent_id`, relations either way), a user's score the maximum of their scores over those items (`aggregate`,
+it (`parent_id`, relations either way), a user's score the mean of their scores over those items (`aggregate`,
 decided on decision world 1: docs/decisions.md). Beside the pair score, a user's propensity to convert at all: + w x
 log(1 + their stage-weighted, decayed engagement before end(t)) (`propensity_weight`, decided there too).
 
@@ -36,7 +36,7 @@ AGGREGATES = ("max", "lse", "mean")  # a user's score over an entity's items: th
 @dataclass(frozen=True)
 class AudienceConfig:
     min_audience: int = 100  # fewer users than this qualify (or are asked for): refused, never exported
-    aggregate: str = "max"  # a user's score over an entity's items (AGGREGATES; decisions.md, 2026-12-07 "Audiences")
+    aggregate: str = "mean"  # a user's score over an entity's items (AGGREGATES; decisions.md, 2026-12-07 "Audiences")
     temp: float = 0.1  # the soft maximum's temperature ("lse") in the head's score units
     normalise: bool = False  # score log p(item | user): the head's score / temp minus the user's log-sum-exp over items
     norm_items: int = 2048  # the log-sum-exp over a fixed seeded sample of this many of the window's items (all if fewer)
@@ -57,6 +57,15 @@ class AudienceConfig:
     def from_dict(cls, values: dict) -> AudienceConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def audience_config(values: dict) -> AudienceConfig:
+    """hir.toml's [audience] table (HIRConfig.audience) over the defaults; an unknown key is refused."""
+    unknown = sorted(set(values) - {f.name for f in fields(AudienceConfig)})
+    if unknown:
+        raise ValueError(f"[audience] has unknown keys {unknown}; AudienceConfig's fields are "
+                         f"{[f.name for f in fields(AudienceConfig)]}")
+    return AudienceConfig.from_dict(dict(values))
 
 
 class AudienceTooSmall(ValueError):
@@ -325,10 +334,63 @@ class Audiences:
         return Audience(self.window, entity, kind, tuple(items), source, level, primitive, size, excluded, tuple(levels),
                         user_ids, scores)
 
+    def many(self, entities: list[str], k: int = 1000, include_converted: bool = False) -> list[Audience | LookupError | ValueError]:
+        """`audience(e, k)` of every entity (no level restriction), each user batch scored once over the union of their
+        items (the same values); an entity the window cannot score or below the floor gets its exception instead."""
+        floor, rec = self.config.min_audience, self.rec
+        if k < floor:
+            raise AudienceTooSmall(f"k={k} is below the minimum audience of {floor} users (min_audience)")
+        plans, out = {}, {}
+        for e in dict.fromkeys(entities):
+            items = self.linker.items_of(e, rec.item_row)
+            if not items:
+                out[e] = UnknownEntity(f"window {self.window} has no item for {e!r}")
+                continue
+            columns = np.array([rec.item_row[i] for i in items], np.int64)
+            eligible = np.ones(len(self.user_ids), bool) if include_converted else \
+                ~converted_users(self.history, columns[columns < rec.n_window])
+            if eligible.sum() < floor:
+                out[e] = AudienceTooSmall(f"the audience of {e!r} in window {self.window} has {int(eligible.sum())} users, "
+                                          f"below the minimum of {floor} (min_audience)")
+                continue
+            plans[e] = (items, columns, eligible)
+        if plans:
+            union = np.unique(np.concatenate([c for _, c, _ in plans.values()]))
+            at = {e: np.searchsorted(union, c) for e, (_, c, _) in plans.items()}
+            best_ids = {e: np.zeros(0, np.int64) for e in plans}
+            best_scores = {e: np.zeros(0, np.float32) for e in plans}
+            step = self.config.batch_users
+            for lo in range(0, len(self.user_ids), step):
+                idx = np.arange(lo, min(lo + step, len(self.user_ids)))
+                batch = self.rec.user_batch(list(self.user_ids[idx]))
+                pairs = head_scores(batch.queries, rec.items, rec.config, batch.rows, batch.warm, batch.cold_vectors, union)
+                partition = None
+                if self.config.normalise:
+                    partition = log_partition(head_scores(batch.queries, rec.items, rec.config, batch.rows, batch.warm,
+                                                          batch.cold_vectors, norm_columns(rec.n_window, self.config)),
+                                              self.config)
+                for e, (_, _, eligible) in plans.items():
+                    keep = eligible[idx]
+                    s = combine(pairs[:, at[e]], self.config, self.propensity[idx], partition)[keep]
+                    ids = np.concatenate([best_ids[e], idx[keep]])
+                    sc = np.concatenate([best_scores[e], s])
+                    order = np.lexsort((ids, -sc))[:k]  # ties: the lower user row, as `best`
+                    best_ids[e], best_scores[e] = ids[order], sc[order]
+            for e, (items, columns, eligible) in plans.items():
+                kind = self.linker.types.get(e) or str(rec.item_types[columns[0]])
+                top = self.membership.top_primitives([e] if self.membership.top_primitives([e]) else items)
+                levels = tuple({"level": lv, "primitive": int(p), "weight": round(float(w), 6),
+                                "size": int((eligible & self._members(lv, p)).sum())} for lv, (p, w) in sorted(top.items()))
+                out[e] = Audience(self.window, e, kind, tuple(items),
+                                  "content" if (columns >= rec.n_window).all() else "history", None, None,
+                                  int(eligible.sum()), int((~eligible).sum()), levels, self.user_ids[best_ids[e]],
+                                  best_scores[e])
+        return [out[e] for e in entities]
+
     def _members(self, level: int, primitive: int) -> np.ndarray:
         """(U,) bool: the history users assigned to `primitive` at `level`."""
         return np.isin(self.user_ids, np.array(sorted(self.membership.members(level, primitive)), object))
 
 
 __all__ = ["AGGREGATES", "Audience", "AudienceConfig", "AudienceTooSmall", "Audiences", "Linker", "Membership",
-           "UnknownEntity", "aggregate", "audience_scores", "combine", "converted_users", "user_propensity"]
+           "UnknownEntity", "aggregate", "audience_config", "audience_scores", "combine", "converted_users", "user_propensity"]

@@ -49,7 +49,8 @@ def test_an_advertiser_is_scored_over_its_products_and_converted_users_are_left_
     a = audiences.audience("a1", k=10, include_converted=True)
     assert a.entity_type == "advertiser" and a.items == ("p1", "p2")  # c1 (its campaign) is not an item
     both = np.stack([served_column(rec, ["u1", "u2"], p) for p in ("p1", "p2")], 1)
-    np.testing.assert_allclose(dict(zip(a.user_ids, a.scores))["u2"], both[1].max(), rtol=1e-5)
+    np.testing.assert_allclose(dict(zip(a.user_ids, a.scores))["u2"], both[1].mean(), rtol=1e-5)  # the decided aggregate
+    assert AudienceConfig().aggregate == "mean"
     # u1 purchased p1 in W0: it already converted with p1 and with a1, not with a2
     for entity in ("p1", "a1"):
         kept = audiences.audience(entity, k=10)
@@ -92,6 +93,20 @@ def test_an_arrival_is_served_from_its_content(built):  # noqa: F811
     np.testing.assert_allclose(a.scores, np.sort(served_column(audiences.rec, list(a.user_ids), "p6"))[::-1], rtol=1e-5)
     assert "p6" in audiences.audience("a1", k=10, include_converted=True).items  # its advertiser reaches it too
     assert not Audiences.load(store, OLD, config=ONE, increments=False).linker.items_of("p6", {})
+
+
+def test_many_audiences_at_once_are_each_audience_alone(full_store):  # noqa: F811
+    audiences = Audiences.load(PartitionStore(full_store), NEW, config=AudienceConfig(min_audience=2, batch_users=3))
+    together = audiences.many(["a1", "a2", "p4", "nobody"], k=10)
+    for entity, got in zip(("a1", "a2", "p4"), together):
+        try:
+            alone = audiences.audience(entity, k=10)
+        except AudienceTooSmall:
+            assert isinstance(got, AudienceTooSmall)
+            continue
+        assert list(got.user_ids) == list(alone.user_ids) and got.size == alone.size and got.levels == alone.levels
+        np.testing.assert_allclose(got.scores, alone.scores, rtol=1e-6)
+    assert isinstance(together[3], UnknownEntity)
 
 
 def test_aggregates_and_propensity():
