@@ -49,8 +49,8 @@ def build_audience_assets(partitions: dg.PartitionsDefinition) -> list[dg.Assets
     def audiences(context: dg.AssetExecutionContext, config: AudiencesRun, storage: PartitionStorage) -> dg.MaterializeResult:
         """Every advertiser's and campaign's users most likely to convert, and its primitives, for ad systems to ingest."""
         window, store = window_of(context), storage.store()
-        audience_config = config.apply(audience_config(load_config().audience))
-        built = Audiences.load(store, window.key, config=audience_config, increments=False)
+        settings = config.apply(audience_config(load_config().audience))
+        built = Audiences.load(store, window.key, config=settings, increments=False)
         export = export_audiences(built, config.k, config.products)
         gate = Gate(context, export_results)
         with store.writing() as staging:
