@@ -183,6 +183,13 @@ def print_last_window(store, keys: Sequence[str], html: str | Path | None = None
         print(f"\nDeep-funnel Recall@20 on known items, method minus reference, paired bootstrap 95% CI over users "
               f"(all {len(evals)} windows and the last {n}; a lead only where the CI excludes 0):\n", file=out)
         print(comparison_table(evals, n), file=out)
+        versus = audience_comparison_table(evals, n)
+        if versus:
+            print(f"\nAudiences (window t's on t+1's conversions): hir minus each method, paired bootstrap 95% CI over "
+                  f"entities:\n", file=out)
+            print(audience_table(evals), file=out)
+            print("", file=out)
+            print(versus, file=out)
     if html is not None:
         print(f"\nHTML report: {html}", file=out)
     return e.window

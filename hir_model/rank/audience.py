@@ -242,6 +242,8 @@ class Audiences:
         self.history = rec.state.history
         self.user_ids = self.history.user_ids  # (U,) sorted: the users an audience is drawn from (a history before end(t))
         self.propensity = user_propensity(self.history, config.propensity_half_life_days, rec.config.deep_weight)
+        self._user_row = {u: i for i, u in enumerate(self.user_ids)}
+        self._member_masks: dict[tuple[int, int], np.ndarray] = {}
 
     @property
     def window(self) -> str:
@@ -388,8 +390,14 @@ class Audiences:
         return [out[e] for e in entities]
 
     def _members(self, level: int, primitive: int) -> np.ndarray:
-        """(U,) bool: the history users assigned to `primitive` at `level`."""
-        return np.isin(self.user_ids, np.array(sorted(self.membership.members(level, primitive)), object))
+        """(U,) bool: the history users assigned to `primitive` at `level` (cached per primitive)."""
+        key = (level, primitive)
+        if key not in self._member_masks:
+            mask = np.zeros(len(self.user_ids), bool)
+            rows = [self._user_row[e] for e in self.membership.members(level, primitive) if e in self._user_row]
+            mask[np.asarray(rows, np.int64)] = True
+            self._member_masks[key] = mask
+        return self._member_masks[key]
 
 
 __all__ = ["AGGREGATES", "Audience", "AudienceConfig", "AudienceTooSmall", "Audiences", "Linker", "Membership",
