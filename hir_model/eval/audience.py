@@ -35,7 +35,7 @@ import pyarrow as pa
 from hir_model.protocol.metrics import RankingMetrics
 from hir_model.protocol.method import Method
 from hir_model.protocol.split import WindowSplit, to_frame, warm_queries
-from hir_model.rank.audience import (AudienceConfig, aggregate, combine, log_partition, norm_columns,
+from hir_model.rank.audience import (AudienceConfig, aggregate, combine, log_partition, norm_columns, pair_scores,
                                      user_propensity)
 
 AUDIENCE_USERS = "audience"  # the slice's `users` value: its draws are entities, not users
@@ -215,11 +215,16 @@ def audience_slice(split: WindowSplit, next_events: pa.Table, methods: Sequence[
 def _hir_scorer(head, split: WindowSplit, needed: np.ndarray, config: AudienceConfig):
     """(rows) -> (len(rows), len(needed)) the head's pair scores as the served audience computes them (audience_scores
     before `combine`: the slice combines them per entity)."""
-    from hir_model.rank.head import head_scores
-
     side = head.item_side(split.items)
+    content = None
+    state = head.rec.state
+    if config.content_weight and state.content is not None:  # window t's items' content, the new items' as placed
+        new = np.zeros((len(split.items) - split.items.n_known, state.content.shape[1]), np.float32)
+        if side.content is not None:
+            new = side.content[split.items.n_known:]
+        content = np.concatenate([state.content, new]).astype(np.float32)
 
     def score(rows: np.ndarray) -> np.ndarray:
         queries = warm_queries(split.train, rows)
-        return head_scores(queries, side, head.config, *head._users(queries, split.items), needed)
+        return pair_scores(queries, side, head.config, *head._users(queries, split.items), needed, config, content)
     return score

@@ -5,8 +5,11 @@ that pair (hir_model.rank.head.head_scores, the learned ranker's first stage), h
 user of the window, in blocks of users so no users x items matrix is held. An item (product, service, an arrival of
 window t's increments) is its own column; an advertiser, campaign or KG entity is the set of items the catalogue links to
 it (`parent_id`, relations either way), a user's score the mean of their scores over those items (`aggregate`,
-decided on decision world 1: docs/decisions.md). Beside the pair score, a user's propensity to convert at all: + w x
-log(1 + their stage-weighted, decayed engagement before end(t)) (`propensity_weight`, decided there too).
+decided on decision world 1: docs/decisions.md). To the head's pair score the audience adds the head's own content
+term (content_weight x the cosine of the user's content profile with the item's content) on window t's items too, where
+the head adds it to arrivals only: across users, what content says directly ranked who converts better there
+(`content_weight`). A user-propensity term (+ w x log(1 + their decayed engagements)) and a per-user normalisation
+(log p(item | user)) were measured and are off.
 
 Why not the learned ranker's score: LambdaRank orders items within one user's list (its scores are not calibrated across
 users) and scores only each user's best `depth` items (-inf elsewhere), so a column of it ranks nobody outside them.
@@ -28,7 +31,7 @@ import pyarrow.compute as pc
 
 from hir_model.protocol.method import decay, event_weights
 from hir_model.protocol.split import Interactions, Queries
-from hir_model.rank.head import HeadConfig, ItemSide, head_scores
+from hir_model.rank.head import HeadConfig, ItemSide, head_scores, recent_items
 
 AGGREGATES = ("max", "lse", "mean")  # a user's score over an entity's items: the best, a soft maximum, the mean
 
@@ -41,6 +44,8 @@ class AudienceConfig:
     normalise: bool = False  # score log p(item | user): the head's score / temp minus the user's log-sum-exp over items
     norm_items: int = 2048  # the log-sum-exp over a fixed seeded sample of this many of the window's items (all if fewer)
     norm_temp: float = 0.05  # the temperature turning the head's scores into logits (used when normalising)
+    content_weight: float = 1.0  # + this x cosine(user's content profile, item's content) on the window's own items
+    # (the head adds its content term, at its content_weight 1, to arrivals only; decisions.md "Audiences"); 0: off
     propensity_weight: float = 0.0  # + this x log(1 + the user's decayed activity); 0: the head's score alone
     propensity_half_life_days: float = 14.0  # the activity's events weigh 2^(-age / this), age from end(t)
     batch_users: int = 4096  # users scored at once (bounds memory: batch x the entity's items)
@@ -116,9 +121,26 @@ def user_propensity(history: Interactions, half_life_days: float, deep_weight: f
     return np.log1p(np.bincount(history.user, weights=w, minlength=history.n_users)).astype(np.float32)
 
 
+def pair_scores(queries: Queries, items: ItemSide, head: HeadConfig, rows: np.ndarray, warm: np.ndarray,
+                cold_vectors: np.ndarray | None, columns: np.ndarray, config: AudienceConfig,
+                content: np.ndarray | None = None) -> np.ndarray:
+    """(Q, C) the head's scores of each query user with the item rows `columns` (head_scores), plus content_weight x the
+    cosine of the user's content profile with each item's `content` (N, D unit rows, zeros: none) on the columns the head
+    gives no content term (not `items.fresh`)."""
+    columns = np.asarray(columns, np.int64)
+    out = head_scores(queries, items, head, rows, warm, cold_vectors, columns)
+    if config.content_weight and content is not None:
+        plain = np.ones(len(columns), bool) if items.fresh is None else ~items.fresh[columns]
+        if plain.any():
+            profile = recent_items(queries, content, None, head.deep_weight)  # (Q, D) unit, zero without content
+            out[:, plain] += config.content_weight * (profile @ content[columns[plain]].T)
+    return out
+
+
 def audience_scores(queries: Queries, items: ItemSide, head: HeadConfig, rows: np.ndarray, warm: np.ndarray,
                     cold_vectors: np.ndarray | None, columns: np.ndarray, config: AudienceConfig,
-                    propensity: np.ndarray | None = None, n_window: int | None = None) -> np.ndarray:
+                    propensity: np.ndarray | None = None, n_window: int | None = None,
+                    content: np.ndarray | None = None) -> np.ndarray:
     """(Q,) float32 each query user's audience score for the entity whose items are the item rows `columns`: the head's
     scores of the pairs (head_scores), combined over the columns (`combine`; normalising over a sample of the first
     `n_window` rows, window t's own items; None: all), plus propensity_weight x `propensity` (Q,)."""
@@ -126,7 +148,7 @@ def audience_scores(queries: Queries, items: ItemSide, head: HeadConfig, rows: n
     if config.normalise:
         partition = log_partition(head_scores(queries, items, head, rows, warm, cold_vectors,
                                               norm_columns(n_window or len(items), config)), config)
-    return combine(head_scores(queries, items, head, rows, warm, cold_vectors, np.asarray(columns, np.int64)), config,
+    return combine(pair_scores(queries, items, head, rows, warm, cold_vectors, columns, config, content), config,
                    propensity, partition)
 
 
@@ -233,6 +255,19 @@ class Membership:
         return out
 
 
+def served_content(rec) -> np.ndarray | None:
+    """(N, D) unit content of a Recommender's served items: window t's (the head's state) then the arrivals' (zeros
+    where none); None when the head carries no content."""
+    if rec.state.content is None:
+        return None
+    arrivals = rec._arrival_content() if rec.arrived_items else None
+    if arrivals is None:
+        arrivals = np.zeros((rec.arrived_items, rec.state.content.shape[1]), np.float32)
+    norm = np.linalg.norm(arrivals, axis=1, keepdims=True)
+    arrivals = np.divide(arrivals, norm, out=np.zeros_like(arrivals), where=norm > 0)
+    return np.concatenate([rec.state.content, arrivals]).astype(np.float32)
+
+
 class Audiences:
     """Window t's audiences, served from a `Recommender` (its items, arrivals included, its users and head): what
     `hir audience`, `GET /audience`, the `audiences` asset and the evaluation's `hir` audience row all call."""
@@ -243,6 +278,7 @@ class Audiences:
         self.user_ids = self.history.user_ids  # (U,) sorted: the users an audience is drawn from (a history before end(t))
         self.propensity = user_propensity(self.history, config.propensity_half_life_days, rec.config.deep_weight)
         self._user_row = {u: i for i, u in enumerate(self.user_ids)}
+        self.content = served_content(rec)  # (N, D) every served item's unit content (zeros: none), or None
         self._member_masks: dict[tuple[int, int], np.ndarray] = {}
 
     @property
@@ -286,7 +322,7 @@ class Audiences:
             batch = self.rec.user_batch(list(self.user_ids[idx]))
             out[lo:lo + step] = audience_scores(batch.queries, self.rec.items, self.rec.config, batch.rows, batch.warm,
                                                 batch.cold_vectors, columns, self.config, self.propensity[idx],
-                                                self.rec.n_window)
+                                                self.rec.n_window, self.content)
         return out
 
     def audience(self, entity: str, k: int = 1000, level: int | None = None, primitive: int | None = None,
@@ -365,7 +401,8 @@ class Audiences:
             for lo in range(0, len(self.user_ids), step):
                 idx = np.arange(lo, min(lo + step, len(self.user_ids)))
                 batch = self.rec.user_batch(list(self.user_ids[idx]))
-                pairs = head_scores(batch.queries, rec.items, rec.config, batch.rows, batch.warm, batch.cold_vectors, union)
+                pairs = pair_scores(batch.queries, rec.items, rec.config, batch.rows, batch.warm, batch.cold_vectors, union,
+                                    self.config, self.content)
                 partition = None
                 if self.config.normalise:
                     partition = log_partition(head_scores(batch.queries, rec.items, rec.config, batch.rows, batch.warm,
@@ -401,4 +438,4 @@ class Audiences:
 
 
 __all__ = ["AGGREGATES", "Audience", "AudienceConfig", "AudienceTooSmall", "Audiences", "Linker", "Membership",
-           "UnknownEntity", "aggregate", "audience_config", "audience_scores", "combine", "converted_users", "user_propensity"]
+           "UnknownEntity", "aggregate", "audience_config", "audience_scores", "combine", "pair_scores", "served_content", "converted_users", "user_propensity"]

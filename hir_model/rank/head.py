@@ -42,6 +42,8 @@ from hir_model.rank.coengagement import coengagement_at, coengagement_scores
 
 
 KERNEL_TILE = 4096  # item columns of the interest kernel's soft maximum at once (its (C, tile) temporaries stay in cache)
+FLAT_COLUMNS = 64  # at most this many item columns: the kernel over every query at once (an audience's few items), not a
+# loop over queries; the same values to float32 rounding
 
 @dataclass(frozen=True)
 class HeadConfig:
@@ -175,6 +177,8 @@ def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: 
     """(Q, C) temp x log sum_c w_c exp(v_c . v_i / temp) over each query's kernel items c (`kernel_items`) and the item
     rows `columns` (None: every item). Zero without context."""
     target = item_vectors if columns is None else item_vectors[columns]
+    if columns is not None and len(columns) <= FLAT_COLUMNS:
+        return _flat_kernel(queries, item_vectors, target, half_life_days, deep_weight, temp, min_share)
     out = np.zeros((len(queries), len(target)), np.float32)
     for q, (items, weight) in enumerate(kernel_items(queries, half_life_days, deep_weight, min_share)):
         if not len(items):
@@ -184,6 +188,32 @@ def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: 
             part = sims[:, lo:lo + KERNEL_TILE]
             top = part.max(0)
             out[q, lo:lo + KERNEL_TILE] = temp * np.log((weight[:, None] * np.exp((part - top) / temp)).sum(0)) + top
+    return out
+
+
+def _flat_kernel(queries: Queries, item_vectors: np.ndarray, target: np.ndarray, half_life_days: float | None,
+                 deep_weight: float, temp: float, min_share: float) -> np.ndarray:
+    """interest_kernel over a few target rows (C, W) for every query at once: kernel_items' selection and weights as
+    flat (query, item) arrays, the soft maximum reduced per query."""
+    ctx, n, nq = queries.context, len(item_vectors), len(queries)
+    out = np.zeros((nq, len(target)), np.float32)
+    if not len(ctx.idx):
+        return out
+    key, inverse = np.unique(ctx.row_of.astype(np.int64) * n + ctx.idx, return_inverse=True)  # distinct (query, item)
+    weight = np.bincount(inverse.reshape(-1), weights=context_weights(queries, half_life_days, deep_weight))
+    row, item = key // n, key % n
+    heaviest = np.zeros(nq)
+    np.maximum.at(heaviest, row, weight)
+    keep = weight >= min_share * heaviest[row]
+    row, item, weight = row[keep], item[keep], weight[keep]
+    weight = weight / np.bincount(row, weights=weight, minlength=nq)[row]
+    sims = item_vectors[item] @ target.T  # (K, C) every kept (query, item)'s cosine with the targets
+    top = np.full((nq, len(target)), -np.inf, np.float32)
+    np.maximum.at(top, row, sims)
+    acc = np.zeros((nq, len(target)))
+    np.add.at(acc, row, weight[:, None] * np.exp((sims - top[row]) / temp))
+    has = np.bincount(row, minlength=nq) > 0
+    out[has] = temp * np.log(acc[has]) + top[has]
     return out
 
 

@@ -109,6 +109,28 @@ def test_many_audiences_at_once_are_each_audience_alone(full_store):  # noqa: F8
     assert isinstance(together[3], UnknownEntity)
 
 
+def test_the_content_term_is_added_on_the_windows_items_and_left_to_the_head_on_arrivals(built):  # noqa: F811
+    from hir_model.rank.audience import pair_scores
+    from hir_model.rank.head import head_scores, recent_items
+
+    store, _ = built
+    rec = Audiences.load(store, OLD, config=ONE).rec  # p6 appended: the head gives it its own content term
+    batch = rec.user_batch(["u1", "u2"])
+    rng = np.random.default_rng(0)
+    content = rng.normal(size=(rec.n_items, 4)).astype(np.float32)
+    content /= np.linalg.norm(content, axis=1, keepdims=True)
+    columns = np.arange(rec.n_items)
+    args = (batch.queries, rec.items, rec.config, batch.rows, batch.warm, batch.cold_vectors, columns)
+    head = head_scores(*args)
+    got = pair_scores(*args, AudienceConfig(content_weight=2.0), content)
+    profile = recent_items(batch.queries, content, None, rec.config.deep_weight)
+    fresh = rec.items.fresh if rec.items.fresh is not None else np.zeros(rec.n_items, bool)
+    np.testing.assert_allclose(got[:, ~fresh], head[:, ~fresh] + 2.0 * profile @ content[~fresh].T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[:, fresh], head[:, fresh])
+    np.testing.assert_array_equal(pair_scores(*args, AudienceConfig(content_weight=0.0), content), head)
+    assert AudienceConfig().content_weight == 1.0
+
+
 def test_aggregates_and_propensity():
     s = np.array([[0.0, 1.0], [0.5, 0.5]], np.float32)
     np.testing.assert_allclose(aggregate(s, "max", 0.1), [1.0, 0.5])

@@ -247,3 +247,25 @@ def test_items_first_seen_after_the_window_add_the_content_match_and_nothing_els
     np.testing.assert_allclose(back.content, [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
     np.testing.assert_allclose(head_scores(queries, back.items(None, new_vectors, new_content=new_content), config, rows,
                                            warm, None), with_term, rtol=1e-6)
+
+
+def test_the_kernel_over_a_few_columns_is_the_kernel_of_the_loop():
+    """An audience's few columns take the flat kernel (every query at once): the loop's values to float32 rounding."""
+    from hir_model.protocol.metrics import Ragged
+    from hir_model.rank.head import FLAT_COLUMNS, _flat_kernel
+
+    rng = np.random.default_rng(3)
+    vectors = rng.normal(size=(40, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    rows = np.repeat(np.arange(6), [0, 1, 5, 9, 3, 12])  # a query without context, one with a single item
+    items = rng.integers(0, 40, len(rows))
+    queries = Queries(np.array([f"u{i}" for i in range(6)], object), np.arange(6), Ragged.from_pairs(rows, items, 6),
+                      rng.integers(0, 10**12, len(rows)), rng.random(len(rows)) < 0.3)
+    columns = np.array([3, 17, 5])
+    assert len(columns) <= FLAT_COLUMNS
+    loop = interest_kernel(queries, vectors, 2.0, 2.0, temp=0.1, min_share=0.05)[:, columns]
+    flat = interest_kernel(queries, vectors, 2.0, 2.0, temp=0.1, min_share=0.05, columns=columns)
+    np.testing.assert_allclose(flat, loop, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_flat_kernel(queries, vectors, vectors, 2.0, 2.0, 0.1, 0.05), interest_kernel(
+        queries, vectors, 2.0, 2.0, temp=0.1, min_share=0.05), rtol=1e-5, atol=1e-6)
+    assert (flat[0] == 0).all()
