@@ -1,7 +1,9 @@
 r"""Audiences judged causally: window t's audiences on window t+1's conversions (hir_model.eval.audience), HIR beside
 the transposed baselines, paired bootstrap 95% CIs over entities, and the served audience's cost.
 
-Over a store the pipeline (or benchmarks/quality.py --workdir) materialised, every window with a successor and a
+Over a store the pipeline (or benchmarks/quality.py --workdir) materialised, or a synthetic world this script builds
+first (`--world N`: decision world N of benchmarks/worlds.py, 0 the demo's world; `materialise` + `publish_hir` of
+benchmarks/quality_pipeline.py with hir.toml's settings, as the assets publish them), every window with a successor and a
 `ranking_head`: the split as `window_evaluation` builds it, HIR's `hir_exact` head (the audience slice's `hir` row: the
 served audience path's scores), the baselines fitted fresh on the split, and the audience slice with each `--variant`
 (AudienceConfig fields; the first is the reference the others are compared with, paired over entities). Prints
@@ -14,6 +16,7 @@ window (what the `audiences` asset spends).
     python benchmarks/audiences.py --store S --variant aggregate=max --variant aggregate=lse --variant propensity_weight=0.5
     python benchmarks/audiences.py --store S --first 2024-01-14 --last 2024-02-11   # a range of windows (t keys)
     python benchmarks/audiences.py --store S --quick                                # the last 2 windows
+    python benchmarks/audiences.py --world 1 --quick     # build decision world 1 at small, 4 windows, then evaluate
 """
 
 from __future__ import annotations
@@ -58,10 +61,19 @@ def spec_of(store: PartitionStore) -> WindowSpec:
     return WindowSpec("weekly", first, last + timedelta(days=7))
 
 
+def served() -> AudienceConfig:
+    """What `hir serve` and the `audiences` asset score with: hir.toml's [audience] (and [audience.<HIR_SOURCE>])."""
+    from hir_model.config import load_config
+    from hir_model.rank.audience import audience_config
+
+    return audience_config(load_config().audience)
+
+
 def variant(fields: str) -> AudienceConfig:
+    """The served config with these fields over it (FIELD=VALUE,...; JSON values, bare words as strings)."""
     values = dict(kv.split("=", 1) for kv in fields.split(",") if kv)
-    return AudienceConfig.from_dict({k: json.loads(v) if v[:1] not in "abcdefghijklmnopqrstuvwxyz" else v
-                                     for k, v in values.items()})
+    return replace(served(), **{k: json.loads(v) if v[:1] not in "abcdefghijklmnopqrstuvwxyz" else v
+                                for k, v in values.items()})
 
 
 def evaluate(store: PartitionStore, keys: list[str], variants: list[AudienceConfig], serve: int) -> tuple[list, list]:
@@ -104,7 +116,7 @@ def serve_timings(store: PartitionStore, key: str, n: int) -> dict:
     from hir_model.rank.audience import Audiences, AudienceTooSmall
 
     t0 = time.perf_counter()
-    audiences = Audiences.load(store, key, increments=False)
+    audiences = Audiences.load(store, key, config=served(), increments=False)
     load_s = time.perf_counter() - t0
     types = audiences.linker.types
     rng = np.random.default_rng(0)
@@ -125,27 +137,56 @@ def serve_timings(store: PartitionStore, key: str, n: int) -> dict:
     return out
 
 
+def build_world(number: int, root: Path, windows: int | None) -> Path:
+    """Synthetic world `number` (0: the demo's) materialised and HIR published under `root`; returns the store's path."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from quality_pipeline import hir_embed_config, hir_train_overrides, materialise, publish_hir
+    from worlds import draw_world
+
+    from hir_model.data.synthetic import SyntheticConfig, SyntheticSource
+
+    config = SyntheticConfig() if number == 0 else draw_world(number, "small")
+    config = replace(config, n_windows=windows) if windows else config
+    t0 = time.perf_counter()
+    store = PartitionStore(root / f"world{number}")
+    spec = materialise(SyntheticSource(config, root / f"world{number}-source"), store)
+    publish_hir(store, spec, [w.key for w in spec.windows()], hir_train_overrides("synthetic"), root / f"world{number}-scratch",
+                embed=hir_embed_config("synthetic"))
+    print(f"world={number} seed={config.seed} windows={config.n_windows} build_s={time.perf_counter() - t0:.1f}", flush=True)
+    return root / f"world{number}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", type=Path, required=True, help="a materialised store (ranking_head and its inputs)")
+    parser.add_argument("--store", type=Path, help="a materialised store (ranking_head and its inputs)")
+    parser.add_argument("--world", type=int, help="build this synthetic world first (0: the demo's; N: decision world N)")
+    parser.add_argument("--workdir", type=Path, help="where --world's store is built and kept (default: a temporary one)")
     parser.add_argument("--first", help="the first window key evaluated")
     parser.add_argument("--last", help="the last window key evaluated")
     parser.add_argument("--quick", action="store_true", help="the last 2 windows with a successor only")
     parser.add_argument("--variant", action="append", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                        help="AudienceConfig fields of one variant of the hir row (default: the library's defaults)")
+                        help="AudienceConfig fields of one variant of the hir row over the served config "
+                             "(hir.toml's [audience], [audience.<HIR_SOURCE>]; default: that config alone)")
     parser.add_argument("--serve", type=int, default=20, help="audiences served per kind per window for the timings")
     parser.add_argument("--name", default="audiences", help="the case's name in the output lines")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
+    if args.store is None and args.world is None:
+        parser.error("give --store or --world")
+    if args.store is None:
+        import tempfile
+
+        root = args.workdir or Path(tempfile.mkdtemp(prefix="hir-audiences-"))
+        args.store = build_world(args.world, root, 4 if args.quick else None)
     store = PartitionStore(args.store)
     spec = spec_of(store)
     keys = [k for k in store.partitions(HEAD_ASSET) if spec.next(spec.window(k)) is not None
             and store.exists("raw_events", spec.next(spec.window(k)).key)]
     keys = [k for k in keys if (not args.first or k >= args.first) and (not args.last or k <= args.last)]
     keys = keys[-2:] if args.quick else keys
-    variants = [variant(v) for v in args.variant] or [AudienceConfig()]
+    variants = [variant(v) for v in args.variant] or [served()]
     t0 = time.perf_counter()
     runs, served = evaluate(store, keys, variants, args.serve)
     name = args.name

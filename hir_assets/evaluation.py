@@ -9,6 +9,7 @@ once t+1 is in, e.g. right after t+1's run, or as a second pass over the windows
 
 import base64
 import math
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Optional
 
@@ -23,13 +24,16 @@ from hir_model.content import CONTENT_ASSET
 from hir_model.data.tables import CATALOG_ASSET, EVENTS_ASSET
 from hir_model.data.windows import CRON, WindowSpec
 from hir_model.embed import EMBEDDINGS_ASSET
+from hir_model.config import load_config
 from hir_model.eval.agreement import agreement_markdown
+from hir_model.eval.audience import AudienceEvalConfig
 from hir_model.eval.publish import EVALUATION_ASSET, collect, write_evaluation
 from hir_model.eval.pages import comparison_table, report_path, user_band
 from hir_model.eval.report import lift_table, markdown_table, plot_cold_vs_warm, plot_per_window, timing_table
 from hir_model.eval.window_evaluation import WindowEvalConfig, WindowOutcome, evaluate_published_window, future_reads
 from hir_model.graph.window import GRAPH_ASSET
 from hir_model.hierarchy.build import HIERARCHY_ASSET
+from hir_model.rank.audience import audience_config
 from hir_model.rank.increment import INCREMENT_ASSET
 from hir_model.rank.state import HEAD_ASSET
 from hir_model.retrieval.index import BOM_ASSET
@@ -57,6 +61,12 @@ class WindowEvaluationRun(Overrides):
 
     def eval_config(self, base: WindowEvalConfig = WindowEvalConfig()) -> WindowEvalConfig:
         return self.apply(base)
+
+
+def served_audiences(config: WindowEvalConfig) -> WindowEvalConfig:
+    """`config` with the audience slice scored as `hir serve` and the `audiences` asset score (hir.toml's [audience])."""
+    audience = AudienceEvalConfig(audience=audience_config(load_config().audience))
+    return replace(config, eval=replace(config.eval, audience=audience))
 
 
 def spec_of(partitions: dg.TimeWindowPartitionsDefinition) -> WindowSpec:
@@ -163,7 +173,8 @@ def build_evaluation_assets(partitions: dg.TimeWindowPartitionsDefinition) -> li
                           source: SourceResource):
         """Evaluate window t on window t+1's events, or skip (with an observation saying why) until they exist."""
         window, store = window_of(context), storage.store()
-        outcome = evaluate_published_window(store, spec_at_load, window.key, config.eval_config(), planted_truth(source))
+        outcome = evaluate_published_window(store, spec_at_load, window.key, served_audiences(config.eval_config()),
+                                            planted_truth(source))
         if not isinstance(outcome, WindowOutcome):
             context.log.warning(outcome.reason)
             yield dg.AssetObservation(asset_key=EVALUATION_ASSET, partition=window.key, metadata={"skipped": outcome.reason})

@@ -37,7 +37,7 @@ class HIRConfig:
     train: Mapping[str, Any] = field(default_factory=dict)  # TrainConfig overrides ([train], then [train.<source>])
     train_shared: Mapping[str, Any] = field(default_factory=dict)  # [train] alone, without any source's sub-table
     embed: Mapping[str, Any] = field(default_factory=dict)  # EmbedConfig fields ([embed], then [embed.<source>])
-    audience: Mapping[str, Any] = field(default_factory=dict)  # AudienceConfig fields ([audience]: min_audience, ...)
+    audience: Mapping[str, Any] = field(default_factory=dict)  # AudienceConfig fields ([audience], then [audience.<source>])
     config_file: Path | None = None  # where this came from, for messages
 
     def __post_init__(self) -> None:
@@ -141,7 +141,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         train=_source_overrides(raw.get("train", {}), source, layer_train),
         train_shared=_source_overrides(raw.get("train", {}), ""),
         embed=_source_overrides(raw.get("embed", {}), source),
-        audience=dict(raw.get("audience", {})),
+        audience=_source_overrides(raw.get("audience", {}), source),
         config_file=path if path.exists() else None,
     )
 

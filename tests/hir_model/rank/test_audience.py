@@ -131,6 +131,21 @@ def test_the_content_term_is_added_on_the_windows_items_and_left_to_the_head_on_
     assert AudienceConfig().content_weight == 1.0
 
 
+def test_hir_toml_audience_table_and_its_source_sub_table(tmp_path):
+    from hir_model.config import load_config
+    from hir_model.rank.audience import audience_config
+
+    path = tmp_path / "hir.toml"
+    path.write_text("[audience]\nmin_audience = 50\n[audience.movielens]\npropensity_weight = 0.3\n"
+                    "[audience.synthetic]\nmin_audience = 70\n")
+    ml = audience_config(load_config(path, env={"HIR_SOURCE": "movielens"}).audience)
+    syn = audience_config(load_config(path, env={"HIR_SOURCE": "synthetic"}).audience)
+    assert (ml.min_audience, ml.propensity_weight) == (50, 0.3) and (syn.min_audience, syn.propensity_weight) == (70, 0.0)
+    path.write_text("[audience]\nminimum = 5\n")
+    with pytest.raises(ValueError, match="unknown keys \\['minimum'\\]"):
+        audience_config(load_config(path, env={}).audience)
+
+
 def test_aggregates_and_propensity():
     s = np.array([[0.0, 1.0], [0.5, 0.5]], np.float32)
     np.testing.assert_allclose(aggregate(s, "max", 0.1), [1.0, 0.5])
