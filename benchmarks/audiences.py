@@ -81,7 +81,7 @@ def evaluate(store: PartitionStore, keys: list[str], variants: list[AudienceConf
     spec = spec_of(store)
     reader, config = TableReader(store), EvalConfig()
     out: list[list] = [[] for _ in variants]
-    served = []
+    timings = []
     for key in keys:
         window = spec.window(key)
         nxt = spec.next(window)
@@ -105,9 +105,9 @@ def evaluate(store: PartitionStore, keys: list[str], variants: list[AudienceConf
             print(f"window={key} variant={i} users={split.train.n_users} fit_s={fit_s:.1f} "
                   f"slice_s={time.perf_counter() - t0:.1f}", flush=True)
         if serve:
-            served.append(serve_timings(store, key, serve))
+            timings.append(serve_timings(store, key, serve))
         reader.forget_before(key)
-    return out, served
+    return out, timings
 
 
 def serve_timings(store: PartitionStore, key: str, n: int) -> dict:
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = keys[-2:] if args.quick else keys
     variants = [variant(v) for v in args.variant] or [served()]
     t0 = time.perf_counter()
-    runs, served = evaluate(store, keys, variants, args.serve)
+    runs, timings = evaluate(store, keys, variants, args.serve)
     name = args.name
     print(f"case={name} windows={','.join(keys)} variants={json.dumps(args.variant or ['default'])} "
           f"seconds={time.perf_counter() - t0:.1f}", flush=True)
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"case={name} compare=variant{i}-variant0 variant={args.variant[i]} group={group} "
                               f"entities={kind} metric={metric} diff={c.diff:+.4f} ci95={c.low:+.4f}..{c.high:+.4f} "
                               f"verdict={c.verdict} entities={sum(c.n_users)}", flush=True)
-    for key, s in zip(keys, served):
+    for key, s in zip(keys, timings):
         parts = " ".join(f"{k}_p50_s={v[0]:.3f} {k}_p99_s={v[1]:.3f} {k}_n={v[2]}" for k, v in s.items() if k != "load_s")
         print(f"case={name} window={key} audience_load_s={s['load_s']:.2f} {parts}", flush=True)
     return 0
