@@ -6,6 +6,7 @@ compare.py   method-vs-method rows with paired CIs (hir_model.protocol.stats) an
 agreement.py NMI / ARI of the hierarchy against planted interests; per-level primitive affinities (lift features)
 text_vectors.py  a hashed TF-IDF stand-in for content vectors when `content_embeddings` is not materialised
 lift.py      the downstream conversion model with and without an extra feature block
+audience.py  the audience slice: window t's audiences judged per entity on t+1's conversions, the baselines transposed
 scoring.py   evaluate_split: every method's slice metrics over the judged users (seeded samples, query blocks)
 run.py       evaluate_window(store, spec, key, methods) from the published tables
 window_evaluation.py  one window as the `window_evaluation` asset computes it: HIR's rows + baselines, lift, agreement, warm starts

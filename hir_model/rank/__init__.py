@@ -20,5 +20,8 @@ recommender.py  Recommender: BoM candidates -> ranked_scores -> engaged items re
 context.py      a served user's context from the command line or a file
 tune.py         served top-k vs the head's exact top-k, and the candidate budget that reaches a target
 bom_index.py    the window's BoM index over the head's items with that budget (what the `bom_index` asset computes)
+audience.py     Audiences: the head transposed, the users most likely to convert with an entity (hir audience, GET
+                /audience, the `audiences` asset, the evaluation's audience slice)
+audience_export.py  every advertiser's and campaign's audience as the `audiences` asset's tables, and their checks
 serve.py        `hir serve`: the Recommender over HTTP, switching to a newer window when it lands, appending increments
 """
