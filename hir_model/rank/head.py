@@ -145,8 +145,9 @@ def recent_items(queries: Queries, item_vectors: np.ndarray, half_life_days: flo
     query without context."""
     ctx = queries.context
     w = context_weights(queries, half_life_days, deep_weight)
-    out = np.zeros((len(queries), item_vectors.shape[1]))
-    np.add.at(out, ctx.row_of, w[:, None] * item_vectors[ctx.idx])
+    # (Q, N) each query's summed weight per item, times the item rows: np.add.at's sum without an (events x W) copy
+    weights = sp.csr_matrix((w, (ctx.row_of, ctx.idx)), shape=(len(queries), len(item_vectors)))
+    out = np.asarray(weights @ item_vectors, np.float64)
     norm = np.linalg.norm(out, axis=1, keepdims=True)
     return np.divide(out, norm, out=np.zeros_like(out), where=norm > 0).astype(np.float32)
 
