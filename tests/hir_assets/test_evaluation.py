@@ -54,6 +54,11 @@ def test_windows_with_a_successor_materialise_with_hir_beside_the_baselines(eval
     assert ev.methods == ("hir_exact", "hir_embeddings", "ranker_base", "popularity", "item2item_recent", "content", "mf_als", "lightgcn") \
         and extras["hir"]["cold_users_encoded"] >= 1
     assert {p.name for p in store.files(EVALUATION_ASSET, KEYS[0])} == {f"{METRICS_FILE}.parquet", "summary.parquet", "users.parquet", STATE_FILE}
+    # the audience slice is published beside the ranking slices, hir's row read back with its per-entity values
+    audience = {(r.method, r.items, r.target): r for r in ev.results if r.users == "audience"}
+    hir = audience[("hir", "known", "product")]
+    assert hir.metrics.n_users == len(hir.user_ids) > 0 and set(hir.metrics.per_user) == {"recall@1pct", "auc"}
+    assert {m for m, _, _ in audience} >= {"hir", "popularity", "item2item_recent", "content", "mf_als", "lightgcn"}
     # W1 warm-starts the stateful baselines from W0's saved state (strictly earlier), W0 from nothing
     assert materialisation(first)["warm_started_from"] == {}
     assert materialisation(second)["warm_started_from"] == {"mf_als": KEYS[0], "lightgcn": KEYS[0]}
@@ -89,6 +94,7 @@ def test_html_report_and_last_window_table(evaluated, tmp_path, capsys):
     path = write_html_report(store, KEYS, tmp_path / "report.html")
     page = path.read_text()
     assert page.count("data:image/png;base64,") >= 3 and "hir" in page and KEYS[2] in page  # the skipped window is listed
+    assert "Audiences: window t's audiences judged on t+1's conversions" in page
     last = print_last_window(store, KEYS, html=path)
     out = capsys.readouterr().out
     assert last == KEYS[1] and f"window {KEYS[1]}" in out and "| deep_funnel | warm | known | hir_exact |" in out and str(path) in out
