@@ -49,6 +49,7 @@ class AudienceConfig:
     propensity_weight: float = 0.0  # + this x log(1 + the user's decayed activity); 0: the head's score alone
     propensity_half_life_days: float = 14.0  # the activity's events weigh 2^(-age / this), age from end(t)
     batch_users: int = 4096  # users scored at once (bounds memory: batch x the entity's items)
+    max_columns: int = 2048  # Audiences.many scores entities in groups whose items' union is at most this (memory: batch x it)
 
     def __post_init__(self) -> None:
         if self.aggregate not in AGGREGATES:
@@ -268,6 +269,19 @@ def served_content(rec) -> np.ndarray | None:
     return np.concatenate([rec.state.content, arrivals]).astype(np.float32)
 
 
+def _column_groups(plans: dict, cap: int) -> list[list[str]]:
+    """The planned entities in order, grouped so that each group's items number at most `cap` (an entity with more
+    items is a group of its own)."""
+    groups, current, size = [], [], 0
+    for e, (_, columns, _) in plans.items():
+        if current and size + len(columns) > cap:
+            groups.append(current)
+            current, size = [], 0
+        current.append(e)
+        size += len(columns)
+    return groups + ([current] if current else [])
+
+
 class Audiences:
     """Window t's audiences, served from a `Recommender` (its items, arrivals included, its users and head): what
     `hir audience`, `GET /audience`, the `audiences` asset and the evaluation's `hir` audience row all call."""
@@ -392,11 +406,11 @@ class Audiences:
                                           f"below the minimum of {floor} (min_audience)")
                 continue
             plans[e] = (items, columns, eligible)
-        if plans:
-            union = np.unique(np.concatenate([c for _, c, _ in plans.values()]))
-            at = {e: np.searchsorted(union, c) for e, (_, c, _) in plans.items()}
-            best_ids = {e: np.zeros(0, np.int64) for e in plans}
-            best_scores = {e: np.zeros(0, np.float32) for e in plans}
+        for group in _column_groups(plans, self.config.max_columns):  # bounded union of columns per pass over the users
+            union = np.unique(np.concatenate([plans[e][1] for e in group]))
+            at = {e: np.searchsorted(union, plans[e][1]) for e in group}
+            best_ids = {e: np.zeros(0, np.int64) for e in group}
+            best_scores = {e: np.zeros(0, np.float32) for e in group}
             step = self.config.batch_users
             for lo in range(0, len(self.user_ids), step):
                 idx = np.arange(lo, min(lo + step, len(self.user_ids)))
@@ -408,14 +422,15 @@ class Audiences:
                     partition = log_partition(head_scores(batch.queries, rec.items, rec.config, batch.rows, batch.warm,
                                                           batch.cold_vectors, norm_columns(rec.n_window, self.config)),
                                               self.config)
-                for e, (_, _, eligible) in plans.items():
-                    keep = eligible[idx]
+                for e in group:
+                    keep = plans[e][2][idx]
                     s = combine(pairs[:, at[e]], self.config, self.propensity[idx], partition)[keep]
                     ids = np.concatenate([best_ids[e], idx[keep]])
                     sc = np.concatenate([best_scores[e], s])
                     order = np.lexsort((ids, -sc))[:k]  # ties: the lower user row, as `best`
                     best_ids[e], best_scores[e] = ids[order], sc[order]
-            for e, (items, columns, eligible) in plans.items():
+            for e in group:
+                items, columns, eligible = plans[e]
                 kind = self.linker.types.get(e) or str(rec.item_types[columns[0]])
                 top = self.membership.top_primitives([e] if self.membership.top_primitives([e]) else items)
                 levels = tuple({"level": lv, "primitive": int(p), "weight": round(float(w), 6),

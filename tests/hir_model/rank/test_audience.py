@@ -107,6 +107,10 @@ def test_many_audiences_at_once_are_each_audience_alone(full_store):  # noqa: F8
         assert list(got.user_ids) == list(alone.user_ids) and got.size == alone.size and got.levels == alone.levels
         np.testing.assert_allclose(got.scores, alone.scores, rtol=1e-6)
     assert isinstance(together[3], UnknownEntity)
+    apart = Audiences(audiences.rec, audiences.linker, audiences.membership,
+                      AudienceConfig(min_audience=2, batch_users=3, max_columns=1)).many(["a1", "a2", "p4"], k=10)
+    for a, b in zip(together, apart):  # one entity per pass over the users: the same audiences
+        assert type(a) is type(b) and (isinstance(a, Exception) or list(a.user_ids) == list(b.user_ids))
 
 
 def test_the_content_term_is_added_on_the_windows_items_and_left_to_the_head_on_arrivals(built):  # noqa: F811
