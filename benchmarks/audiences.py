@@ -17,6 +17,8 @@ window (what the `audiences` asset spends).
     python benchmarks/audiences.py --store S --first 2024-01-14 --last 2024-02-11   # a range of windows (t keys)
     python benchmarks/audiences.py --store S --quick                                # the last 2 windows
     python benchmarks/audiences.py --world 1 --quick     # build decision world 1 at small, 4 windows, then evaluate
+    python benchmarks/audiences.py --cost 300000,200000  # the cost alone at large's size: a random head state (not a
+                                                         # trained one), audience p50/p99 and the asset's work extrapolated
 """
 
 from __future__ import annotations
@@ -137,6 +139,56 @@ def serve_timings(store: PartitionStore, key: str, n: int) -> dict:
     return out
 
 
+def cost_at_scale(n_users: int, n_items: int, events: int = 20, width: int = 64, per_advertiser: int = 25,
+                  queries: int = 20, asset_sample: int = 40) -> dict:
+    """Seconds of `Audiences.audience` (k = 1,000) and of `Audiences.many` over a sample of advertisers, on a random head
+    state of this size: unit item vectors and content in `width` dims, `events` engagements a user, advertisers of
+    `per_advertiser` products (the computation's cost only; nothing here is a trained model)."""
+    import pyarrow as pa
+
+    from hir_model.protocol.split import Interactions
+    from hir_model.rank.audience import Audiences, Linker, Membership
+    from hir_model.rank.head import HeadConfig
+    from hir_model.rank.recommender import Recommender
+    from hir_model.rank.state import HeadState
+
+    rng = np.random.default_rng(0)
+    unit = lambda x: (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)  # noqa: E731
+    vectors, content = unit(rng.normal(size=(n_items, width))), unit(rng.normal(size=(n_items, width)))
+    item_ids = np.array([f"p{i:07d}" for i in range(n_items)], object)
+    user_ids = np.array([f"u{i:07d}" for i in range(n_users)], object)
+    user = np.repeat(np.arange(n_users), events)
+    item = (rng.zipf(1.3, len(user)) - 1) % n_items
+    ts = np.sort(rng.integers(0, 7 * 86_400_000_000, len(user)).reshape(n_users, events), 1).reshape(-1)
+    history = Interactions("w", 7 * 86_400_000_000, user_ids, user, item, ts, rng.random(len(user)) < 0.05, n_items)
+    state = HeadState("w", 7 * 86_400_000_000, HeadConfig(), item_ids, np.full(n_items, "product", object), vectors,
+                      (0.05 * np.log(np.bincount(item, minlength=n_items) + 1.0)).astype(np.float32), None, None, 1.0, 0.05,
+                      history, content=content)
+    t0 = time.perf_counter()
+    rec = Recommender(state, unit(rng.normal(size=(n_users, width))), np.ones(n_users, bool))
+    n_adv = n_items // per_advertiser
+    parents = np.array([f"a{i % n_adv:06d}" for i in range(n_items)], object)
+    catalog = pa.table({"entity_id": list(item_ids) + sorted(set(parents)),
+                        "entity_type": ["product"] * n_items + ["advertiser"] * n_adv,
+                        "parent_id": list(parents) + [None] * n_adv})
+    audiences = Audiences(rec, Linker(catalog), Membership(None), served())
+    out = {"setup_s": time.perf_counter() - t0}
+    for kind, ids in (("product", item_ids), ("advertiser", np.array(sorted(set(parents)), object))):
+        seconds = []
+        for e in rng.choice(ids, queries, replace=False):
+            t1 = time.perf_counter()
+            audiences.audience(str(e), k=1000)
+            seconds.append(time.perf_counter() - t1)
+        out[kind] = (float(np.percentile(seconds, 50)), float(np.percentile(seconds, 99)), len(seconds))
+    sample = [str(e) for e in rng.choice(sorted(set(parents)), asset_sample, replace=False)]
+    t1 = time.perf_counter()
+    audiences.many(sample, k=1000)
+    per_entity = (time.perf_counter() - t1) / asset_sample
+    out["many_per_advertiser_s"] = per_entity
+    out["asset_advertisers_extrapolated_s"] = per_entity * n_adv
+    return out
+
+
 def build_world(number: int, root: Path, windows: int | None) -> Path:
     """Synthetic world `number` (0: the demo's) materialised and HIR published under `root`; returns the store's path."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -161,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", type=Path, help="a materialised store (ranking_head and its inputs)")
     parser.add_argument("--world", type=int, help="build this synthetic world first (0: the demo's; N: decision world N)")
     parser.add_argument("--workdir", type=Path, help="where --world's store is built and kept (default: a temporary one)")
+    parser.add_argument("--cost", metavar="USERS,ITEMS", help="time audiences on a random head state of this size instead")
     parser.add_argument("--first", help="the first window key evaluated")
     parser.add_argument("--last", help="the last window key evaluated")
     parser.add_argument("--quick", action="store_true", help="the last 2 windows with a successor only")
@@ -173,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    if args.cost:
+        n_users, n_items = (int(x) for x in args.cost.split(","))
+        c = cost_at_scale(n_users, n_items, queries=5 if args.quick else 20)
+        print(f"case=cost users={n_users} items={n_items} setup_s={c['setup_s']:.1f} " + " ".join(
+            f"{k}_p50_s={c[k][0]:.3f} {k}_p99_s={c[k][1]:.3f} {k}_n={c[k][2]}" for k in ("product", "advertiser"))
+            + f" many_per_advertiser_s={c['many_per_advertiser_s']:.3f} "
+            f"asset_advertisers_extrapolated_s={c['asset_advertisers_extrapolated_s']:.0f}", flush=True)
+        return 0
     if args.store is None and args.world is None:
         parser.error("give --store or --world")
     if args.store is None:
