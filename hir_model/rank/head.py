@@ -202,19 +202,18 @@ def _flat_kernel(queries: Queries, item_vectors: np.ndarray, target: np.ndarray,
         return out
     key, inverse = np.unique(ctx.row_of.astype(np.int64) * n + ctx.idx, return_inverse=True)  # distinct (query, item)
     weight = np.bincount(inverse.reshape(-1), weights=context_weights(queries, half_life_days, deep_weight))
-    row, item = key // n, key % n
-    heaviest = np.zeros(nq)
-    np.maximum.at(heaviest, row, weight)
-    keep = weight >= min_share * heaviest[row]
+    row, item = key // n, key % n  # sorted by query: each query's items are one segment
+    present, starts = np.unique(row, return_index=True)
+    heaviest = np.maximum.reduceat(weight, starts)
+    keep = weight >= min_share * np.repeat(heaviest, np.diff(np.r_[starts, len(row)]))
     row, item, weight = row[keep], item[keep], weight[keep]
-    weight = weight / np.bincount(row, weights=weight, minlength=nq)[row]
+    present, starts = np.unique(row, return_index=True)
+    sizes = np.diff(np.r_[starts, len(row)])
+    weight = weight / np.repeat(np.add.reduceat(weight, starts), sizes)
     sims = item_vectors[item] @ target.T  # (K, C) every kept (query, item)'s cosine with the targets
-    top = np.full((nq, len(target)), -np.inf, np.float32)
-    np.maximum.at(top, row, sims)
-    acc = np.zeros((nq, len(target)))
-    np.add.at(acc, row, weight[:, None] * np.exp((sims - top[row]) / temp))
-    has = np.bincount(row, minlength=nq) > 0
-    out[has] = temp * np.log(acc[has]) + top[has]
+    top = np.maximum.reduceat(sims, starts, axis=0)  # (P, C) per query present
+    acc = np.add.reduceat(weight[:, None] * np.exp((sims - np.repeat(top, sizes, axis=0)) / temp), starts, axis=0)
+    out[present] = temp * np.log(acc) + top
     return out
 
 
