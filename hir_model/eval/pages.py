@@ -73,6 +73,37 @@ def audience_comparison_table(results: Sequence[WindowEvaluation | WindowSkipped
     return comparison_markdown(rows) if rows else ""
 
 
+def audience_summary(results: Sequence[WindowEvaluation | WindowSkipped]) -> str:
+    """The audience slice on one screen: a row per (entity group, kind, metric), `hir`'s mean and, per other method,
+    hir minus it with its paired bootstrap 95% CI over entities, pooled over every window; "" without the slice."""
+    from hir_model.eval.audience import AUDIENCE_USERS, KINDS
+    from hir_model.eval.compare import compare
+
+    have = {(r.items, r.target) for e in evaluated(results) for r in e.results
+            if r.users == AUDIENCE_USERS and r.method == "hir" and r.metrics.per_user}
+    others = list(dict.fromkeys(r.method for e in evaluated(results) for r in e.results
+                                if r.users == AUDIENCE_USERS and r.method != "hir"))
+    lines = []
+    for group in ("known", "new"):
+        for kind in KINDS:
+            if (group, kind) not in have:
+                continue
+            for metric in AUDIENCE_METRICS:
+                rows = {c.reference: c for c in compare(results, reference="hir", methods=[], pairs=[("hir", m) for m in others],
+                                                     users=AUDIENCE_USERS, items=group, target=kind, metric=metric,
+                                                     last=None, per_window=False) if c.scope == "all"}
+                if not rows:
+                    continue
+                first = next(iter(rows.values()))
+                cells = [f"{rows[m].diff:+.3f} ({rows[m].low:+.3f}..{rows[m].high:+.3f}) {rows[m].verdict}" if m in rows
+                         else "" for m in others]
+                lines.append(f"| {group} {kind} | {metric} | {first.windows} | {first.method_value:.3f} | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    head = ["entities", "metric", "windows", "hir"] + [f"hir - {m}" for m in others]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + lines)
+
+
 def html_report(results: Sequence[WindowEvaluation | WindowSkipped], title: str = "HIR window evaluation",
                 last: int | None = 4, extras: dict[str, dict] | None = None, header: Mapping[str, str] | None = None,
                 per_method: bool = False, band: Band | None = None) -> str:
@@ -183,12 +214,10 @@ def print_last_window(store, keys: Sequence[str], html: str | Path | None = None
         print(f"\nDeep-funnel Recall@20 on known items, method minus reference, paired bootstrap 95% CI over users "
               f"(all {len(evals)} windows and the last {n}; a lead only where the CI excludes 0):\n", file=out)
         print(comparison_table(evals, n), file=out)
-        versus = audience_comparison_table(evals, n)
+        versus = audience_summary(evals)
         if versus:
-            print(f"\nAudiences (window t's on t+1's conversions): hir minus each method, paired bootstrap 95% CI over "
-                  f"entities:\n", file=out)
-            print(audience_table(evals), file=out)
-            print("", file=out)
+            print(f"\nAudiences (window t's on t+1's conversions, all {len(evals)} windows): hir minus each method, paired "
+                  f"bootstrap 95% CI over entities (every row and the last {n} windows: the HTML report):\n", file=out)
             print(versus, file=out)
     if html is not None:
         print(f"\nHTML report: {html}", file=out)

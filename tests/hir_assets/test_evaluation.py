@@ -98,6 +98,11 @@ def test_html_report_and_last_window_table(evaluated, tmp_path, capsys):
     last = print_last_window(store, KEYS, html=path)
     out = capsys.readouterr().out
     assert last == KEYS[1] and f"window {KEYS[1]}" in out and "| deep_funnel | warm | known | hir_exact |" in out and str(path) in out
+    # the audience slice on one screen: a row per entity group, kind and metric, hir against each method with its CI
+    audience = [line for line in out.splitlines() if line.startswith("| known ")]
+    assert audience and all(line.count(" lead") + line.count(" tie") + line.count(" behind") + line.count(" n/a") >= 1
+                            for line in audience), out
+    assert len(out.splitlines()) < 150
 
 
 def test_the_evaluation_job_runs_the_asset_alone_after_the_next_window_is_in(tmp_path):
