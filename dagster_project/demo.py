@@ -1,14 +1,25 @@
 """`make demo`: materialise every window's assets on the local instance, then print a summary table.
 
-Runs go through the Dagster instance at DAGSTER_HOME, so they appear in the UI (`make ui`) afterwards.
+Runs go through the Dagster instance at DAGSTER_HOME, so they appear in the UI (`make ui`) afterwards. Pipelined (the
+default): this process runs the window chain while a second one, a window behind, publishes each window's daily
+increments, evaluates the window before it and fits its objective adapters; `--serial` runs everything here in turn.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+
+# Pipelined, each process computes in one thread (one job a core): a torch pool of 2 beside a busy process waits on
+# itself (training 17x slower, docs/results.md). Set before numpy and torch are imported.
+if "--serial" not in sys.argv:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import multiprocessing
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import dagster as dg
@@ -67,6 +78,55 @@ def report_of(instance: dg.DagsterInstance) -> str:
     return event.asset_materialization.metadata["report"].value
 
 
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def launch(instance: dg.DagsterInstance, job_def, partition_key, label: str, run_tag: dict[str, str],
+           config: dict | None = None) -> bool:
+    """Run one partition of `job_def` in this process on `instance`; a failure is printed with its run id."""
+    result = job_def.execute_in_process(partition_key=partition_key, instance=instance, raise_on_error=False,
+                                        tags=run_tag, run_config=QUIET | (config or {}))
+    if not result.success:
+        print(f"{label} failed (run id {result.run_id}); see `make ui` for the logs", file=sys.stderr, flush=True)
+    return result.success
+
+
+@dataclass(frozen=True)
+class Follow:
+    """What follows window `key`'s run: its daily increments, the evaluation of the window before it (judged on `key`'s
+    events) and `key`'s objective adapters; the parts an earlier demo ran to success are left out (--resume)."""
+
+    key: str
+    days: list[str]
+    evaluate: str | None
+    adapters: list[dict[str, str]] = field(default_factory=list)  # {"window": key, "objective": o} (a MultiPartitionKey
+    # does not survive pickling)
+
+
+def follow(task: Follow, run_tag: dict[str, str]) -> tuple[bool, list[str]]:
+    """Run `task` (in the follower process, or here with --serial): (success, progress lines)."""
+    instance = dg.DagsterInstance.get()  # DAGSTER_HOME's, as the process that launched this one
+    lines, t0 = [], time.time()
+    if task.days:
+        increments = defs.resolve_job_def(INCREMENT_JOB)
+        for day in task.days:
+            if not launch(instance, increments, day, f"increment of {day}", run_tag):
+                return False, lines
+        lines.append(f"increments {task.days[0]}..{task.days[-1]} published")
+    if task.evaluate:
+        if not launch(instance, defs.resolve_job_def(EVALUATION_JOB), task.evaluate, f"evaluation of window {task.evaluate}",
+                      run_tag):
+            return False, lines
+        lines.append(f"window {task.evaluate} evaluated on {task.key}'s events")
+    for keys in task.adapters:
+        partition = dg.MultiPartitionKey(keys)
+        if not launch(instance, defs.resolve_job_def(ADAPTER_JOB), partition, f"adapter {partition}", run_tag):
+            return False, lines
+    if task.adapters:
+        lines.append(f"{len(task.adapters)} objective adapters of {task.key} trained")
+    return True, [f"{line} ({time.time() - t0:.0f}s)" for line in lines]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--partitions", help="comma-separated window keys (default: all)")
@@ -74,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-adapters", action="store_true", help="do not train the objective adapters")
     parser.add_argument("--skip-increments", action="store_true",
                         help="do not publish the daily increments (the items that arrive after each window's end)")
+    parser.add_argument("--serial", action="store_true",
+                        help="run every job in this process in turn (default: a second process follows a window behind "
+                             "with the increments, evaluations and adapters)")
     parser.add_argument("--resume", action="store_true",
                         help="skip the windows, evaluations and adapters that an earlier demo on the same storage already "
                              "ran to success (a long run stopped midway goes on where it stopped)")
@@ -89,65 +152,77 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hir demo: source={config.source} window={config.window} windows={len(keys)} "
           f"storage={config.storage_uri} DAGSTER_HOME={os.environ.get('DAGSTER_HOME')}", flush=True)
     t0 = time.time()
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-
     # The demo trains each window in its own process's step (HirEncoderRun.launch): no process to start, about 3 s a
     # window on 2 cores; runs launched from the UI or a schedule keep the Pipes subprocess.
     in_process = {"ops": {ENCODER_ASSET: {"config": {"launch": "in_process"}}}}
 
     # Runs carry the storage root they wrote to: the instance may hold other sources' runs of the same partition keys.
     run_tag = {"hir/demo": "true", "hir/storage": config.storage_uri}
-
-    def run(job_def, partition_key, label: str, config: dict | None = None) -> bool:
-        result = job_def.execute_in_process(partition_key=partition_key, instance=instance, raise_on_error=False,
-                                            tags=run_tag, run_config=quiet | (config or {}))
-        if not result.success:
-            print(f"{label} failed (run id {result.run_id}); see `make ui` for the logs", file=sys.stderr)
-        return result.success
-
-    evaluation = defs.resolve_job_def(EVALUATION_JOB)
-    adapters = defs.resolve_job_def(ADAPTER_JOB)
-    increments = defs.resolve_job_def(INCREMENT_JOB)
-    days = increments.partitions_def.get_partition_keys()
+    days = defs.resolve_job_def(INCREMENT_JOB).partitions_def.get_partition_keys()
     done: dict[str, set[str]] = {name: succeeded(instance, name, run_tag) if args.resume else set()
                                  for name in (WINDOW_JOB, EVALUATION_JOB, ADAPTER_JOB, INCREMENT_JOB)}
     if args.resume:
         print(f"resuming: {len(done[WINDOW_JOB] & set(keys))} of {len(keys)} windows already materialised", flush=True)
-    for i, key in enumerate(keys, 1):
-        if key in done[WINDOW_JOB]:
-            print(f"[{i}/{len(keys)}] {key} already materialised (--resume)", flush=True)
-        elif not run(job, key, f"run for window {key}", in_process):
-            return 1
-        else:
-            print(f"[{i}/{len(keys)}] {key} materialised ({time.time() - t0:.0f}s)", flush=True)
-        # the days after window t, placed in its space (what hir serve adds to it, and what evaluating t serves)
+
+    def task_after(i: int, key: str) -> Follow:
         tw = job.partitions_def.time_window_for_partition_key(key)
         start, end = utc(tw.start), utc(tw.end)
-        after = [d for d in days if end <= day_of(d).start < end + (end - start)]
-        if not args.skip_increments and after:
-            for day in after:
-                if day not in done[INCREMENT_JOB] and not run(increments, day, f"increment of {day}"):
-                    return 1
-            print(f"    increments {after[0]}..{after[-1]} published ({time.time() - t0:.0f}s)", flush=True)
-        # window t is judged on t+1's events: evaluate the previous window now
-        if i > 1 and not args.skip_evaluation and keys[i - 2] not in done[EVALUATION_JOB]:
-            if not run(evaluation, keys[i - 2], f"evaluation of window {keys[i - 2]}"):
+        after = [] if args.skip_increments else \
+            [d for d in days if end <= day_of(d).start < end + (end - start) and d not in done[INCREMENT_JOB]]
+        judged = keys[i - 1] if i > 0 and not args.skip_evaluation and keys[i - 1] not in done[EVALUATION_JOB] else None
+        adapters = [] if args.skip_adapters else [
+            {"window": key, "objective": o} for o in OBJECTIVES
+            if dg.MultiPartitionKey({"window": key, "objective": o}) not in done[ADAPTER_JOB]]
+        return Follow(key, after, judged, adapters)
+
+    # the follower: one process a window behind (spawned: a forked copy of a process running torch can hang)
+    pool = None if args.serial else ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    pending: list[tuple[str, Future]] = []
+
+    def report(wait: bool) -> bool:
+        """Print the follower's finished tasks in order (waiting for all when `wait`); False once one failed."""
+        while pending and (wait or pending[0][1].done()):
+            key, fut = pending.pop(0)
+            ok, lines = fut.result()
+            for line in lines:
+                print(f"    {line}; {time.time() - t0:.0f}s in", flush=True)
+            if not ok:
+                return False
+        return True
+
+    try:
+        for i, key in enumerate(keys):
+            if key in done[WINDOW_JOB]:
+                print(f"[{i + 1}/{len(keys)}] {key} already materialised (--resume)", flush=True)
+            elif not launch(instance, job, key, f"run for window {key}", run_tag, in_process):
                 return 1
-    if not args.skip_adapters:
-        for key in keys:
-            for objective in OBJECTIVES:
-                partition = dg.MultiPartitionKey({"window": key, "objective": objective})
-                if partition in done[ADAPTER_JOB]:
-                    continue
-                if not run(adapters, partition, f"adapter {objective} for {key}"):
+            else:
+                print(f"[{i + 1}/{len(keys)}] {key} materialised ({time.time() - t0:.0f}s)", flush=True)
+            # the days after window t placed in its space (what hir serve adds to it and evaluating t serves), window
+            # t-1 judged on t's events, t's adapters
+            task = task_after(i, key)
+            if pool is None:
+                ok, lines = follow(task, run_tag)
+                for line in lines:
+                    print(f"    {line}", flush=True)
+                if not ok:
                     return 1
-        print(f"objective adapters trained for {len(keys)} windows x {len(OBJECTIVES)} objectives ({time.time() - t0:.0f}s)", flush=True)
+            else:
+                pending.append((key, pool.submit(follow, task, run_tag)))
+                if not report(wait=False):
+                    return 1
+        if not report(wait=True):
+            return 1
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    print(f"every window's increments, evaluation and adapters done ({time.time() - t0:.0f}s)", flush=True)
     store = defs.resources["storage"].store()
     print(f"\n{'window':<12}{'events':>10}{'conversions':>13}{'new entities':>14}{'catalog':>10}")
     for key, n, conv, new, size in summary_rows(store, keys):
         print(f"{key:<12}{n:>10,}{conv:>13,}{new:>14,}{size:>10,}")
     if not args.skip_evaluation and len(keys) > 1:
-        if not run(defs.resolve_job_def(REPORT_JOB), None, "the evaluation report"):
+        if not launch(instance, defs.resolve_job_def(REPORT_JOB), None, "the evaluation report", run_tag):
             return 1
         report = report_of(instance)
         print_last_window(store, keys, out=sys.stdout)
