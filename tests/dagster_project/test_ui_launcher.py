@@ -69,7 +69,8 @@ def test_stop_interrupts_the_group_and_kills_what_ignores_it_after_the_grace_per
     stubborn.stdout.readline()
     start = time.monotonic()
     assert stop(stubborn, 0.5, []) == [stubborn.pid]
-    assert stubborn.returncode == -signal.SIGKILL and not group_members(stubborn.pid) and time.monotonic() - start < 3
+    # killed after the grace period, long before its 60 s sleep ends (10 s: a loaded 2-core machine took over 3)
+    assert stubborn.returncode == -signal.SIGKILL and not group_members(stubborn.pid) and time.monotonic() - start < 10
 
 
 def test_runs_whose_workers_were_killed_are_canceled_and_others_left_alone(tmp_path):
