@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 
 from hir_model.protocol.method import decay, event_weights
 from hir_model.protocol.split import Interactions, Queries
-from hir_model.rank.head import HeadConfig, ItemSide, head_scores, recent_items
+from hir_model.rank.head import HeadConfig, ItemSide, UserTerms, recent_items, user_terms
+from hir_model.rank.head import scores as score_terms
 
 AGGREGATES = ("max", "lse", "mean")  # a user's score over an entity's items: the best, a soft maximum, the mean
 
@@ -124,33 +125,35 @@ def user_propensity(history: Interactions, half_life_days: float, deep_weight: f
 
 def pair_scores(queries: Queries, items: ItemSide, head: HeadConfig, rows: np.ndarray, warm: np.ndarray,
                 cold_vectors: np.ndarray | None, columns: np.ndarray, config: AudienceConfig,
-                content: np.ndarray | None = None) -> np.ndarray:
+                content: np.ndarray | None = None, users: UserBlock | None = None) -> np.ndarray:
     """(Q, C) the head's scores of each query user with the item rows `columns` (head_scores), plus content_weight x the
     cosine of the user's content profile with each item's `content` (N, D unit rows, zeros: none) on the columns the head
-    gives no content term (not `items.fresh`)."""
+    gives no content term (not `items.fresh`). `users`: these queries' per-user terms, when already made (the same
+    values)."""
     columns = np.asarray(columns, np.int64)
-    out = head_scores(queries, items, head, rows, warm, cold_vectors, columns)
-    if config.content_weight and content is not None:
+    users = users or user_block(queries, items, head, rows, warm, cold_vectors, config, content)
+    out = score_terms(users.terms, items, head, columns)
+    if users.profile is not None:
         plain = np.ones(len(columns), bool) if items.fresh is None else ~items.fresh[columns]
         if plain.any():
-            profile = recent_items(queries, content, None, head.deep_weight)  # (Q, D) unit, zero without content
-            out[:, plain] += config.content_weight * (profile @ content[columns[plain]].T)
+            out[:, plain] += config.content_weight * (users.profile @ content[columns[plain]].T)
     return out
 
 
-def audience_scores(queries: Queries, items: ItemSide, head: HeadConfig, rows: np.ndarray, warm: np.ndarray,
-                    cold_vectors: np.ndarray | None, columns: np.ndarray, config: AudienceConfig,
-                    propensity: np.ndarray | None = None, n_window: int | None = None,
-                    content: np.ndarray | None = None) -> np.ndarray:
-    """(Q,) float32 each query user's audience score for the entity whose items are the item rows `columns`: the head's
-    scores of the pairs (head_scores), combined over the columns (`combine`; normalising over a sample of the first
-    `n_window` rows, window t's own items; None: all), plus propensity_weight x `propensity` (Q,)."""
-    partition = None
-    if config.normalise:
-        partition = log_partition(head_scores(queries, items, head, rows, warm, cold_vectors,
-                                              norm_columns(n_window or len(items), config)), config)
-    return combine(pair_scores(queries, items, head, rows, warm, cold_vectors, columns, config, content), config,
-                   propensity, partition)
+@dataclass(frozen=True)
+class UserBlock:
+    """A batch of users' terms, whatever the entity: the head's (UserTerms) and the audience's content profile."""
+
+    terms: UserTerms
+    profile: np.ndarray | None  # (Q, D) unit, zero without content; None when the content term is off
+
+
+def user_block(queries: Queries, items: ItemSide, head: HeadConfig, rows: np.ndarray, warm: np.ndarray,
+               cold_vectors: np.ndarray | None, config: AudienceConfig, content: np.ndarray | None) -> UserBlock:
+    profile = None
+    if config.content_weight and content is not None:
+        profile = recent_items(queries, content, None, head.deep_weight)
+    return UserBlock(user_terms(queries, items, head, rows, warm, cold_vectors), profile)
 
 
 def norm_columns(n_items: int, config: AudienceConfig) -> np.ndarray:
@@ -294,6 +297,7 @@ class Audiences:
         self._user_row = {u: i for i, u in enumerate(self.user_ids)}
         self.content = served_content(rec)  # (N, D) every served item's unit content (zeros: none), or None
         self._member_masks: dict[tuple[int, int], np.ndarray] = {}
+        self._blocks: list | None = None  # per batch_users users: (rows, batch, UserBlock), made on first use
 
     @property
     def window(self) -> str:
@@ -327,17 +331,31 @@ class Audiences:
 
     def scores(self, columns: np.ndarray, users: np.ndarray | None = None) -> np.ndarray:
         """(len(users),) float32 the audience scores of the history users at rows `users` (None: all) for the entity
-        whose items are the served item rows `columns`, scored batch_users at a time (audience_scores)."""
-        users = np.arange(len(self.user_ids)) if users is None else np.asarray(users, np.int64)
-        out = np.zeros(len(users), np.float32)
-        step = self.config.batch_users
-        for lo in range(0, len(users), step):
-            idx = users[lo:lo + step]
-            batch = self.rec.user_batch(list(self.user_ids[idx]))
-            out[lo:lo + step] = audience_scores(batch.queries, self.rec.items, self.rec.config, batch.rows, batch.warm,
-                                                batch.cold_vectors, columns, self.config, self.propensity[idx],
-                                                self.rec.n_window, self.content)
-        return out
+        whose items are the served item rows `columns`: the head's pair scores (pair_scores), combined (`combine`;
+        normalising over a sample of window t's own items), every user scored from their cached UserBlock."""
+        everyone = np.zeros(len(self.user_ids), np.float32)
+        rec, columns = self.rec, np.asarray(columns, np.int64)
+        for idx, batch, block in self.blocks():  # every user: the per-user terms are made once per window
+            partition = None
+            if self.config.normalise:
+                partition = log_partition(score_terms(block.terms, rec.items, rec.config, norm_columns(rec.n_window, self.config)),
+                                          self.config)
+            pairs = pair_scores(batch.queries, rec.items, rec.config, batch.rows, batch.warm, batch.cold_vectors, columns,
+                                self.config, self.content, block)
+            everyone[idx] = combine(pairs, self.config, self.propensity[idx], partition)
+        return everyone if users is None else everyone[np.asarray(users, np.int64)]
+
+    def blocks(self) -> list:
+        """[(user rows, their Batch, their UserBlock)] over every history user, batch_users at a time: what scoring an
+        entity needs of the users alone, made on first use and kept (memory: about 1 KB a user at 64 dims)."""
+        if self._blocks is None:
+            self._blocks = []
+            for lo in range(0, len(self.user_ids), self.config.batch_users):
+                idx = np.arange(lo, min(lo + self.config.batch_users, len(self.user_ids)))
+                batch = self.rec.user_batch(list(self.user_ids[idx]))
+                self._blocks.append((idx, batch, user_block(batch.queries, self.rec.items, self.rec.config, batch.rows,
+                                                            batch.warm, batch.cold_vectors, self.config, self.content)))
+        return self._blocks
 
     def audience(self, entity: str, k: int = 1000, level: int | None = None, primitive: int | None = None,
                  include_converted: bool = False) -> Audience:
@@ -411,17 +429,13 @@ class Audiences:
             at = {e: np.searchsorted(union, plans[e][1]) for e in group}
             best_ids = {e: np.zeros(0, np.int64) for e in group}
             best_scores = {e: np.zeros(0, np.float32) for e in group}
-            step = self.config.batch_users
-            for lo in range(0, len(self.user_ids), step):
-                idx = np.arange(lo, min(lo + step, len(self.user_ids)))
-                batch = self.rec.user_batch(list(self.user_ids[idx]))
+            for idx, batch, block in self.blocks():
                 pairs = pair_scores(batch.queries, rec.items, rec.config, batch.rows, batch.warm, batch.cold_vectors, union,
-                                    self.config, self.content)
+                                    self.config, self.content, block)
                 partition = None
                 if self.config.normalise:
-                    partition = log_partition(head_scores(batch.queries, rec.items, rec.config, batch.rows, batch.warm,
-                                                          batch.cold_vectors, norm_columns(rec.n_window, self.config)),
-                                              self.config)
+                    partition = log_partition(score_terms(block.terms, rec.items, rec.config,
+                                                     norm_columns(rec.n_window, self.config)), self.config)
                 for e in group:
                     keep = plans[e][2][idx]
                     s = combine(pairs[:, at[e]], self.config, self.propensity[idx], partition)[keep]
@@ -453,4 +467,4 @@ class Audiences:
 
 
 __all__ = ["AGGREGATES", "Audience", "AudienceConfig", "AudienceTooSmall", "Audiences", "Linker", "Membership",
-           "UnknownEntity", "aggregate", "audience_config", "audience_scores", "combine", "pair_scores", "served_content", "converted_users", "user_propensity"]
+           "UnknownEntity", "aggregate", "audience_config", "combine", "pair_scores", "served_content", "converted_users", "user_propensity"]

@@ -38,7 +38,7 @@ import scipy.sparse as sp
 
 from hir_model.protocol.method import context_weights
 from hir_model.protocol.split import Queries
-from hir_model.rank.coengagement import coengagement_at, coengagement_scores
+from hir_model.rank.coengagement import coengagement_at, context_matrix
 
 
 KERNEL_TILE = 4096  # item columns of the interest kernel's soft maximum at once (its (C, tile) temporaries stay in cache)
@@ -125,16 +125,19 @@ class ItemSide:
         return len(self.vectors)
 
 
-def content_scores(queries: Queries, items: ItemSide, deep_weight: float, columns: np.ndarray | None = None) -> np.ndarray | None:
+def content_scores(queries: Queries, items: ItemSide, deep_weight: float, columns: np.ndarray | None = None,
+                   profile: np.ndarray | None = None) -> np.ndarray | None:
     """(Q, C) content_weight x cosine(each query's content profile, each fresh item's content) over the item rows
-    `columns` (None: all), zero for items not fresh; None when the item side has no content term or no fresh column."""
+    `columns` (None: all), zero for items not fresh; None when the item side has no content term or no fresh column.
+    `profile`: the queries' content profiles, when already made (UserTerms)."""
     if items.content is None or items.fresh is None or not items.content_weight:
         return None
     fresh = items.fresh if columns is None else items.fresh[columns]
     if not fresh.any():
         return None
     at = np.flatnonzero(fresh) if columns is None else np.asarray(columns)[fresh]
-    profile = recent_items(queries, items.content, None, deep_weight)  # (Q, C) unit, zero without content
+    if profile is None:
+        profile = recent_items(queries, items.content, None, deep_weight)  # (Q, C) unit, zero without content
     out = np.zeros((len(queries), len(fresh)), np.float32)
     out[:, fresh] = items.content_weight * (profile @ items.content[at].T)
     return out
@@ -174,12 +177,14 @@ def kernel_items(queries: Queries, half_life_days: float | None, deep_weight: fl
 
 
 def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: float | None, deep_weight: float,
-                    temp: float, min_share: float = 1e-3, columns: np.ndarray | None = None) -> np.ndarray:
+                    temp: float, min_share: float = 1e-3, columns: np.ndarray | None = None,
+                    plan: KernelPlan | None = None) -> np.ndarray:
     """(Q, C) temp x log sum_c w_c exp(v_c . v_i / temp) over each query's kernel items c (`kernel_items`) and the item
-    rows `columns` (None: every item). Zero without context."""
+    rows `columns` (None: every item). Zero without context. `plan`: these queries' kernel_plan, when already made."""
     target = item_vectors if columns is None else item_vectors[columns]
     if columns is not None and len(columns) <= FLAT_COLUMNS:
-        return _flat_kernel(queries, item_vectors, target, half_life_days, deep_weight, temp, min_share)
+        plan = plan or kernel_plan(queries, len(item_vectors), half_life_days, deep_weight, min_share)
+        return _flat_kernel(plan, item_vectors, target, temp)
     out = np.zeros((len(queries), len(target)), np.float32)
     for q, (items, weight) in enumerate(kernel_items(queries, half_life_days, deep_weight, min_share)):
         if not len(items):
@@ -192,28 +197,48 @@ def interest_kernel(queries: Queries, item_vectors: np.ndarray, half_life_days: 
     return out
 
 
-def _flat_kernel(queries: Queries, item_vectors: np.ndarray, target: np.ndarray, half_life_days: float | None,
-                 deep_weight: float, temp: float, min_share: float) -> np.ndarray:
-    """interest_kernel over a few target rows (C, W) for every query at once: kernel_items' selection and weights as
-    flat (query, item) arrays, the soft maximum reduced per query."""
-    ctx, n, nq = queries.context, len(item_vectors), len(queries)
-    out = np.zeros((nq, len(target)), np.float32)
+@dataclass(frozen=True)
+class KernelPlan:
+    """kernel_items' selection for every query at once, as flat arrays: the kept (query, item) pairs sorted by query,
+    their weights summing to 1 per query; what the flat kernel reads (computed once per user batch by UserTerms)."""
+
+    n_queries: int
+    item: np.ndarray  # (K,) item rows
+    weight: np.ndarray  # (K,)
+    present: np.ndarray  # (P,) the queries with kept items, ascending
+    starts: np.ndarray  # (P,) each one's first pair
+    sizes: np.ndarray  # (P,) its pairs
+
+
+def kernel_plan(queries: Queries, n_items: int, half_life_days: float | None, deep_weight: float,
+                min_share: float) -> KernelPlan:
+    ctx, nq = queries.context, len(queries)
     if not len(ctx.idx):
-        return out
-    key, inverse = np.unique(ctx.row_of.astype(np.int64) * n + ctx.idx, return_inverse=True)  # distinct (query, item)
+        empty = np.zeros(0, np.int64)
+        return KernelPlan(nq, empty, np.zeros(0), empty, empty, empty)
+    key, inverse = np.unique(ctx.row_of.astype(np.int64) * n_items + ctx.idx, return_inverse=True)  # distinct (query, item)
     weight = np.bincount(inverse.reshape(-1), weights=context_weights(queries, half_life_days, deep_weight))
-    row, item = key // n, key % n  # sorted by query: each query's items are one segment
+    row, item = key // n_items, key % n_items  # sorted by query: each query's items are one segment
     present, starts = np.unique(row, return_index=True)
     heaviest = np.maximum.reduceat(weight, starts)
     keep = weight >= min_share * np.repeat(heaviest, np.diff(np.r_[starts, len(row)]))
     row, item, weight = row[keep], item[keep], weight[keep]
     present, starts = np.unique(row, return_index=True)
     sizes = np.diff(np.r_[starts, len(row)])
-    weight = weight / np.repeat(np.add.reduceat(weight, starts), sizes)
-    sims = item_vectors[item] @ target.T  # (K, C) every kept (query, item)'s cosine with the targets
-    top = np.maximum.reduceat(sims, starts, axis=0)  # (P, C) per query present
-    acc = np.add.reduceat(weight[:, None] * np.exp((sims - np.repeat(top, sizes, axis=0)) / temp), starts, axis=0)
-    out[present] = temp * np.log(acc) + top
+    return KernelPlan(nq, item, weight / np.repeat(np.add.reduceat(weight, starts), sizes), present, starts, sizes)
+
+
+def _flat_kernel(plan: KernelPlan, item_vectors: np.ndarray, target: np.ndarray, temp: float) -> np.ndarray:
+    """interest_kernel over a few target rows (C, W) for every query at once (kernel_plan's pairs), the soft maximum
+    reduced per query."""
+    out = np.zeros((plan.n_queries, len(target)), np.float32)
+    if not len(plan.item):
+        return out
+    sims = item_vectors[plan.item] @ target.T  # (K, C) every kept (query, item)'s cosine with the targets
+    top = np.maximum.reduceat(sims, plan.starts, axis=0)  # (P, C) per query present
+    acc = np.add.reduceat(plan.weight[:, None] * np.exp((sims - np.repeat(top, plan.sizes, axis=0)) / temp), plan.starts,
+                          axis=0)
+    out[plan.present] = temp * np.log(acc) + top
     return out
 
 
@@ -243,26 +268,89 @@ def warm_query(queries: Queries, item_vectors: np.ndarray, rows: np.ndarray | No
 
 
 def warm_scores(queries: Queries, item_vectors: np.ndarray, rows: np.ndarray | None, config: HeadConfig,
-                columns: np.ndarray | None = None) -> np.ndarray:
+                columns: np.ndarray | None = None, query: np.ndarray | None = None,
+                plan: KernelPlan | None = None) -> np.ndarray:
     """(Q, C) a warm user's score before the prior (module docstring) over item rows `columns` (None: all). rows: (Q, W)
-    the users' published rows, or None for the recent-items part alone (the calibration's: rows have seen its days)."""
+    the users' published rows, or None for the recent-items part alone (the calibration's: rows have seen its days);
+    `query` / `plan`: their warm_query / kernel_plan, when already made (UserTerms)."""
     target = item_vectors if columns is None else item_vectors[columns]
-    out = (1 - config.kernel_weight) * (warm_query(queries, item_vectors, rows, config) @ target.T)
+    query = warm_query(queries, item_vectors, rows, config) if query is None else query
+    out = (1 - config.kernel_weight) * (query @ target.T)
     if config.kernel_weight:
         out += config.kernel_weight * interest_kernel(queries, item_vectors, config.recent_half_life_days, config.deep_weight,
-                                                      config.kernel_temp, config.kernel_min_share, columns)
+                                                      config.kernel_temp, config.kernel_min_share, columns, plan)
     return out
 
 
-def cold_scores(queries: Queries, items: ItemSide, vectors: np.ndarray, config: HeadConfig,
-                columns: np.ndarray | None = None) -> np.ndarray:
-    """(Q, C) a cold user's score before the prior: the encoder's vector, blended with the structural readout."""
+@dataclass(frozen=True)
+class UserTerms:
+    """What head_scores computes of a batch of users alone, whatever the items (made once by `user_terms`, then scored
+    over any columns by `scores`): an audience scores the same users over many entities."""
+
+    queries: Queries
+    warm: np.ndarray  # (Q,) bool
+    hot: np.ndarray  # the warm queries' indices
+    cold: np.ndarray  # the cold ones'
+    hot_queries: Queries | None
+    warm_query: np.ndarray | None  # (H, W) warm_query of the warm ones
+    plan: KernelPlan | None  # the warm ones' kernel_plan (the kernel on a few columns)
+    context: sp.csr_matrix | None  # (H, N) the warm ones' context_matrix (co-engagement: context @ similarity)
+    cold_vectors: np.ndarray | None  # (C, W)
+    placed: np.ndarray | None  # (C, S) the cold ones' structural readout
+    profile: np.ndarray | None  # (Q, D) every query's content profile (the content term of fresh items)
+
+
+def user_terms(queries: Queries, items: ItemSide, config: HeadConfig, rows: np.ndarray | None, warm: np.ndarray,
+               cold_vectors: np.ndarray | None) -> UserTerms:
+    """head_scores' per-user part (arguments as head_scores takes them)."""
+    hot, cold = np.flatnonzero(warm), np.flatnonzero(~warm)
+    sub = wq = plan = context = vectors = placed = profile = None
+    if len(hot):
+        sub = queries.take(hot)
+        wq = warm_query(sub, items.vectors, rows[hot], config)
+        if config.kernel_weight:
+            plan = kernel_plan(sub, len(items.vectors), config.recent_half_life_days, config.deep_weight,
+                               config.kernel_min_share)
+        if items.coengagement is not None:
+            context = context_matrix(sub, items.coengagement.shape[0], config.coengagement_half_life_days,
+                                     config.deep_weight)
+    if len(cold):
+        if cold_vectors is None:
+            raise ValueError("cold queries need their encoder vectors")
+        vectors = cold_vectors[cold]
+        if items.structure is not None and config.cold_structure_weight:
+            placed = recent_items(queries.take(cold), items.structure, None, config.deep_weight)
+    if items.content is not None and items.fresh is not None and items.content_weight and items.fresh.any():
+        profile = recent_items(queries, items.content, None, config.deep_weight)  # (Q, D) unit, zero without content
+    return UserTerms(queries, np.asarray(warm, bool), hot, cold, sub, wq, plan, context, vectors, placed, profile)
+
+
+def scores(terms: UserTerms, items: ItemSide, config: HeadConfig, columns: np.ndarray | None = None) -> np.ndarray:
+    """(Q, C) float32 head_scores of `terms`' users over the item rows `columns` (None: all)."""
     cols = slice(None) if columns is None else columns
-    out = vectors @ items.vectors[cols].T
-    if items.structure is not None and config.cold_structure_weight:
-        placed = recent_items(queries, items.structure, None, config.deep_weight)
-        s = config.cold_structure_weight
-        out = (1 - s) * out + s * (placed @ items.structure[cols].T)
+    n = len(items) if columns is None else len(columns)
+    out = np.zeros((len(terms.queries), n), np.float32)
+    hot, cold = terms.hot, terms.cold
+    if len(hot):
+        out[hot] = warm_scores(terms.hot_queries, items.vectors, None, config, columns, terms.warm_query, terms.plan)
+        if items.prior is not None:
+            out[hot] += items.prior[cols][None, :]
+        if terms.context is not None:
+            sim = items.coengagement if columns is None else items.coengagement[:, columns]
+            out[hot] += (terms.context @ sim).toarray().astype(np.float32)
+    if len(cold):
+        cold_part = terms.cold_vectors @ items.vectors[cols].T
+        if terms.placed is not None:
+            s = config.cold_structure_weight
+            cold_part = (1 - s) * cold_part + s * (terms.placed @ items.structure[cols].T)
+        out[cold] = cold_part
+        prior = items.cold_prior if items.cold_prior is not None else items.prior
+        if prior is not None:
+            out[cold] += prior[cols][None, :]
+    if terms.profile is not None:
+        fresh = content_scores(terms.queries, items, config.deep_weight, columns, terms.profile)
+        if fresh is not None:
+            out += fresh
     return out
 
 
@@ -272,29 +360,7 @@ def head_scores(queries: Queries, items: ItemSide, config: HeadConfig, rows: np.
 
     queries: context indices are rows of `items`; warm: (Q,) bool, a user with a history (its context) and a published
     row in `rows` (Q, W); the others are cold, `cold_vectors` (Q, W) their encoder vectors (rows of warm queries unused)."""
-    cols = slice(None) if columns is None else columns
-    n = len(items) if columns is None else len(columns)
-    out = np.zeros((len(queries), n), np.float32)
-    hot, cold = np.flatnonzero(warm), np.flatnonzero(~warm)
-    if len(hot):
-        sub = queries.take(hot)
-        out[hot] = warm_scores(sub, items.vectors, rows[hot], config, columns)
-        if items.prior is not None:
-            out[hot] += items.prior[cols][None, :]
-        if items.coengagement is not None:
-            out[hot] += coengagement_scores(sub, items.coengagement, config.coengagement_half_life_days, config.deep_weight,
-                                            columns)
-    if len(cold):
-        if cold_vectors is None:
-            raise ValueError("cold queries need their encoder vectors")
-        out[cold] = cold_scores(queries.take(cold), items, cold_vectors[cold], config, columns)
-        prior = items.cold_prior if items.cold_prior is not None else items.prior
-        if prior is not None:
-            out[cold] += prior[cols][None, :]
-    fresh = content_scores(queries, items, config.deep_weight, columns)
-    if fresh is not None:
-        out += fresh
-    return out
+    return scores(user_terms(queries, items, config, rows, warm, cold_vectors), items, config, columns)
 
 
 def head_scores_at(queries: Queries, items: ItemSide, config: HeadConfig, rows: np.ndarray | None, warm: np.ndarray,

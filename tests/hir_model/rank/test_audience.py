@@ -233,3 +233,30 @@ def test_get_audience_over_http_answers_as_the_library_and_refuses_bad_input(bui
         assert "'abc'" in bad[0].json()["error"] and "kk" in bad[6].json()["error"]
         assert client.get("/health").json()["window"] == OLD  # still serving
     assert proc.returncode == 0
+
+
+def test_the_users_terms_made_once_score_any_columns_as_the_head_does(full_store):  # noqa: F811
+    """Audiences keep each user batch's terms (UserTerms) and score every entity from them: the values head_scores gives
+    those columns, the co-engagement term taken over the columns alone included."""
+    from hir_model.rank.head import head_scores, scores, user_terms
+
+    audiences = Audiences.load(PartitionStore(full_store), NEW, config=ONE)
+    rec = audiences.rec
+    assert rec.items.coengagement is not None and rec.items.coengagement.nnz  # the term whose columns are sliced first
+    batch = rec.user_batch(list(audiences.user_ids))
+    warm = batch.warm.copy()
+    warm[0] = False  # scored as a cold user: its encoder vector (here its row) and the structural readout
+    args = (batch.queries, rec.items, rec.config, batch.rows, warm, batch.rows)
+    full = head_scores(*args)
+    terms = user_terms(*args)
+    np.testing.assert_array_equal(scores(terms, rec.items, rec.config), full)
+    for columns in (np.array([3, 0]), np.arange(rec.n_items)[::-1].copy()):  # a few (the flat kernel), all reversed
+        got = scores(terms, rec.items, rec.config, columns)
+        np.testing.assert_array_equal(got, head_scores(*args, columns))
+        np.testing.assert_allclose(got, full[:, columns], rtol=1e-5, atol=1e-6)
+    # the audience's cached blocks give what scoring the users afresh gives
+    fresh = Audiences(rec, audiences.linker, audiences.membership, ONE)
+    a = audiences.audience("p4", k=10, include_converted=True)
+    audiences.audience("a1", k=10, include_converted=True)  # blocks reused across entities
+    np.testing.assert_array_equal(audiences.audience("p4", k=10, include_converted=True).scores, a.scores)
+    np.testing.assert_array_equal(fresh.audience("p4", k=10, include_converted=True).scores, a.scores)

@@ -252,7 +252,7 @@ def test_items_first_seen_after_the_window_add_the_content_match_and_nothing_els
 def test_the_kernel_over_a_few_columns_is_the_kernel_of_the_loop():
     """An audience's few columns take the flat kernel (every query at once): the loop's values to float32 rounding."""
     from hir_model.protocol.metrics import Ragged
-    from hir_model.rank.head import FLAT_COLUMNS, _flat_kernel
+    from hir_model.rank.head import FLAT_COLUMNS, _flat_kernel, kernel_plan
 
     rng = np.random.default_rng(3)
     vectors = rng.normal(size=(40, 8)).astype(np.float32)
@@ -266,6 +266,6 @@ def test_the_kernel_over_a_few_columns_is_the_kernel_of_the_loop():
     loop = interest_kernel(queries, vectors, 2.0, 2.0, temp=0.1, min_share=0.05)[:, columns]
     flat = interest_kernel(queries, vectors, 2.0, 2.0, temp=0.1, min_share=0.05, columns=columns)
     np.testing.assert_allclose(flat, loop, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(_flat_kernel(queries, vectors, vectors, 2.0, 2.0, 0.1, 0.05), interest_kernel(
+    np.testing.assert_allclose(_flat_kernel(kernel_plan(queries, len(vectors), 2.0, 2.0, 0.05), vectors, vectors, 0.1), interest_kernel(
         queries, vectors, 2.0, 2.0, temp=0.1, min_share=0.05), rtol=1e-5, atol=1e-6)
     assert (flat[0] == 0).all()
