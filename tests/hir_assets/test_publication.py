@@ -30,7 +30,7 @@ from dagster_project.definitions import build_definitions
 from dagster_project.jobs import EVALUATION_JOB, INCREMENT_JOB, WINDOW_JOB
 from dagster_project.notify import AlertLogNotifier
 from dagster_project.sensors import CHECK_FAILED
-from hir_assets import enrichment, evaluation, events, hierarchy, increments, index, training
+from hir_assets import audiences, enrichment, evaluation, events, hierarchy, increments, index, training
 from hir_model.config import HIRConfig
 from hir_model.data.tables import ENTITIES_FILE, EVENTS_FILE
 from hir_model.storage import Staging
@@ -229,6 +229,18 @@ def item_after_the_day(monkeypatch, p):
     yield {}
 
 
+@contextmanager
+def nan_audience_score(monkeypatch, p):
+    """A scoring bug: the first exported user's score is NaN (products exported, down to one user: there is one)."""
+    def after(export, *args):
+        scores = export.members.column("score").to_numpy().copy()
+        scores[0] = np.nan
+        i = export.members.schema.get_field_index("score")
+        return dataclasses.replace(export, members=export.members.set_column(i, "score", pa.array(scores, pa.float32())))
+    wrap(monkeypatch, audiences, "export_audiences", after)
+    yield {"ops": {"audiences": {"config": {"min_audience": 1, "k": 10, "products": True}}}}
+
+
 CASES = [  # asset, the check the plant fails, the window (or day) re-run, the plant
     ("entity_catalog", "unique_entity_id", KEYS[1], duplicate_staged_catalog_row),
     ("raw_events", "unique_event_id", KEYS[1], duplicate_staged_event),
@@ -241,6 +253,7 @@ CASES = [  # asset, the check the plant fails, the window (or day) re-run, the p
     ("bom_index", "bom_recall_at_100", KEYS[1], recall_out_of_reach),
     ("window_evaluation", "reads_only_t_and_next_events", KEYS[0], read_of_the_future),
     ("catalog_increment", "increment_within_day", DAY, item_after_the_day),
+    ("audiences", "audience_scores_finite", KEYS[1], nan_audience_score),
 ]
 JOBS = {"window_evaluation": EVALUATION_JOB, "catalog_increment": INCREMENT_JOB}  # assets outside the window job
 
