@@ -50,8 +50,8 @@ class AudienceConfig:
     propensity_weight: float = 0.0  # + this x log(1 + the user's decayed activity); 0: the head's score alone
     propensity_half_life_days: float = 14.0  # the activity's events weigh 2^(-age / this), age from end(t)
     batch_users: int = 4096  # users scored at once (bounds memory: batch x the entity's items)
-    max_columns: int = 64  # Audiences.many scores entities in groups whose items' union is at most this: up to the head's
-    # FLAT_COLUMNS the interest kernel runs over every cached user at once (no loop over users; memory: batch x it)
+    max_columns: int = 2048  # Audiences.many scores entities in groups whose items' union is at most this (memory: batch x
+    # it); wide groups take the kernel's cache-tiled loop, 1.7x faster a column at 300k users than the flat kernel's 64
 
     def __post_init__(self) -> None:
         if self.aggregate not in AGGREGATES:
