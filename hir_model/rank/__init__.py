@@ -23,5 +23,7 @@ bom_index.py    the window's BoM index over the head's items with that budget (w
 audience.py     Audiences: the head transposed, the users most likely to convert with an entity (hir audience, GET
                 /audience, the `audiences` asset, the evaluation's audience slice)
 audience_export.py  every advertiser's and campaign's audience as the `audiences` asset's tables, and their checks
+audience_scores.py  how an audience scores users (the head's pair scores, content, propensity, combined) and its settings
+audience_links.py   which items and primitives stand for an entity (catalogue links, hierarchy assignments)
 serve.py        `hir serve`: the Recommender over HTTP, switching to a newer window when it lands, appending increments
 """
