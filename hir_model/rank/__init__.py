@@ -26,4 +26,6 @@ audience_export.py  every advertiser's and campaign's audience as the `audiences
 audience_scores.py  how an audience scores users (the head's pair scores, content, propensity, combined) and its settings
 audience_links.py   which items and primitives stand for an entity (catalogue links, hierarchy assignments)
 serve.py        `hir serve`: the Recommender over HTTP, switching to a newer window when it lands, appending increments
+serve_windows.py    its snapshots: the newest window with its increments, loaded and switched in the background
+serve_queries.py    its requests: /recommend and /audience parameters checked, answers as JSON-ready dicts
 """
