@@ -57,16 +57,24 @@ def comparison_table(results: Sequence[WindowEvaluation | WindowSkipped], last: 
 AUDIENCE_METRICS = ("recall@1pct", "auc")  # the audience slice's compared metrics (hir_model.eval.audience)
 
 
+def _audience_slices(results: Sequence[WindowEvaluation | WindowSkipped]) -> tuple[set, list[str]]:
+    """The audience slice's (group, entity kind) pairs with per-entity `hir` values, and the methods beside `hir`."""
+    from hir_model.eval.audience import AUDIENCE_USERS
+
+    have = {(r.items, r.target) for e in evaluated(results) for r in e.results
+            if r.users == AUDIENCE_USERS and r.method == "hir" and r.metrics.per_user}
+    others = list(dict.fromkeys(r.method for e in evaluated(results) for r in e.results
+                                if r.users == AUDIENCE_USERS and r.method != "hir"))
+    return have, others
+
+
 def audience_comparison_table(results: Sequence[WindowEvaluation | WindowSkipped], last: int | None = 4) -> str:
     """The audience slice: `hir` minus every other method, per entity kind and group, Recall@1% of users and AUC, pooled
     over all windows and the last `last`: paired bootstrap 95% CIs over entities; "" without the slice."""
     from hir_model.eval.audience import AUDIENCE_USERS, KINDS
     from hir_model.eval.compare import compare, comparison_markdown
 
-    have = {(r.items, r.target) for e in evaluated(results) for r in e.results
-            if r.users == AUDIENCE_USERS and r.method == "hir" and r.metrics.per_user}
-    others = list(dict.fromkeys(r.method for e in evaluated(results) for r in e.results
-                                if r.users == AUDIENCE_USERS and r.method != "hir"))
+    have, others = _audience_slices(results)
     rows = [c for group in ("known", "new") for kind in KINDS if (group, kind) in have for metric in AUDIENCE_METRICS
             for c in compare(results, reference="hir", methods=[], pairs=[("hir", m) for m in others],
                              users=AUDIENCE_USERS, items=group, target=kind, metric=metric, last=last, per_window=False)]
@@ -79,10 +87,7 @@ def audience_summary(results: Sequence[WindowEvaluation | WindowSkipped]) -> str
     from hir_model.eval.audience import AUDIENCE_USERS, KINDS
     from hir_model.eval.compare import compare
 
-    have = {(r.items, r.target) for e in evaluated(results) for r in e.results
-            if r.users == AUDIENCE_USERS and r.method == "hir" and r.metrics.per_user}
-    others = list(dict.fromkeys(r.method for e in evaluated(results) for r in e.results
-                                if r.users == AUDIENCE_USERS and r.method != "hir"))
+    have, others = _audience_slices(results)
     lines = []
     for group in ("known", "new"):
         for kind in KINDS:
